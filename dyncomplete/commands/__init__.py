@@ -1,0 +1,1 @@
+"""Sub-commands of `dyncomplete`, one module each."""

@@ -1,0 +1,20 @@
+"""Options shared by the sub-commands that load a model."""
+
+from __future__ import annotations
+
+import sys
+
+from ..models import DEFAULT_MODEL
+
+
+def add_model_options(parser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="alias, local HF directory or .gguf path")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="auto: bfloat16 where the CPU computes it natively, else float32")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+
+
+def load_from_args(args):
+    from ..models import load
+
+    return load(args.model, dtype=args.dtype, device=args.device, progress=lambda m: print(m, file=sys.stderr))

@@ -1,0 +1,67 @@
+"""`dyncomplete complete`: complete the code before the cursor (stdin or --prefix-file)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ._common import add_model_options, load_from_args
+
+
+def run(args) -> int:
+    from ..decoding import GenerationParams
+    from ..methods import make_method
+    from ..prompts import build_prompt
+
+    prefix = Path(args.prefix_file).read_text() if args.prefix_file else sys.stdin.read()
+    suffix = Path(args.suffix_file).read_text() if args.suffix_file else None
+    params = GenerationParams(
+        max_new_tokens=args.max_new_tokens if args.max_new_tokens else (48 if args.mode == "line" else 128),
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=tuple(args.stop or ()),
+        line_mode=args.mode == "line",
+    )
+    model = load_from_args(args)
+    prompt = build_prompt(model.tokenizer, prefix, suffix, args.context_budget)
+    if prompt.notice:
+        print(f"dyncomplete: notice: {prompt.notice}", file=sys.stderr)
+    method = make_method(args.method, model)
+    result = method.generate(model, prompt.ids, params)
+    if args.json:
+        s = result.stats
+        stats = {
+            "prompt_tokens": s.prompt_tokens,
+            "new_tokens": s.new_tokens,
+            "prefill_s": round(s.prefill_s, 4),
+            "decode_s": round(s.decode_s, 4),
+            "layer_evals_per_token": s.layer_evals_per_token,
+            "model": model.name,
+            "method": method.name,
+            "stopped_by": s.stopped_by,
+            "fim": prompt.fim,
+            "truncated_prompt": prompt.truncated,
+        }
+        print(json.dumps({"completion": result.text, "stats": stats}))
+    else:
+        print(result.text)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("complete", help="complete code read from stdin (the code before the cursor)")
+    add_model_options(p)
+    p.add_argument("--method", default="baseline", help="decoding method, e.g. baseline, lookup, early-exit:confidence@0.9")
+    p.add_argument("--prefix-file", help="file with the code before the cursor (default: stdin)")
+    p.add_argument("--suffix-file", help="file with the code after the cursor (fill-in-the-middle)")
+    p.add_argument("--mode", choices=["line", "block"], default="block", help="line: stop at the end of the line")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 48 in line mode, 128 in block mode")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--context-budget", type=int, default=1024, help="prompt tokens kept (end of prefix, start of suffix)")
+    p.add_argument("--json", action="store_true", help="print completion and stats as JSON")
+    p.set_defaults(run=run)

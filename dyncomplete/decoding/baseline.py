@@ -1,0 +1,76 @@
+"""The reference decoder: full depth for every token, KV-cached, greedy or sampled.
+
+`DecodingMethod` is the interface every method implements; `prefill` is the prompt pass they all
+share, including reuse of a cache that already holds a prefix of the prompt (the server's prefix
+cache).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from ..models import KVCache, LayeredModel
+from .api import Completion, Emitter, GenerationParams, Stats, choose_token, eos_ids_of, make_generator
+
+
+def prefill(model: LayeredModel, prompt_ids: list[int], cache: KVCache, stats: Stats) -> torch.Tensor:
+    """Run the prompt tokens the cache does not hold yet; return the last position's logits."""
+    if not prompt_ids:
+        raise ValueError("empty prompt: nothing to complete")
+    reused = min(cache.lengths[0], len(prompt_ids) - 1)  # at least one token must run
+    cache.crop(reused)
+    stats.prompt_tokens = len(prompt_ids)
+    stats.cached_prompt_tokens = reused
+    start = time.perf_counter()
+    logits = model.forward(torch.tensor(prompt_ids[reused:]), cache)[0, -1]
+    stats.prefill_s = time.perf_counter() - start
+    return logits
+
+
+class DecodingMethod:
+    """A way of choosing the next tokens. Subclasses implement `decode` (after the prefill)."""
+
+    name = "method"
+
+    def generate(
+        self,
+        model: LayeredModel,
+        prompt_ids: list[int],
+        params: GenerationParams,
+        cache: KVCache | None = None,
+        on_text: Callable[[str], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Completion:
+        cache = cache if cache is not None else model.new_cache()
+        stats = Stats(model=model.name, method=self.name)
+        logits = prefill(model, prompt_ids, cache, stats)
+        emitter = Emitter(model.tokenizer, params, eos_ids_of(model), stats, on_text, cancelled)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            self.decode(model, prompt_ids, logits, cache, emitter, make_generator(params))
+        stats.decode_s = time.perf_counter() - start
+        return Completion(emitter.text, emitter.ids, stats)
+
+    def decode(self, model, prompt_ids, logits, cache, emitter: Emitter, generator) -> None:
+        raise NotImplementedError
+
+
+class Baseline(DecodingMethod):
+    """Every layer for every token: the quality and speed reference."""
+
+    name = "baseline"
+
+    def decode(self, model, prompt_ids, logits, cache, emitter, generator):
+        stats = emitter.stats
+        position = len(prompt_ids)
+        while True:
+            token = choose_token(logits, emitter.params, generator)
+            if emitter.emit(token, model.num_layers):
+                break
+            logits = model.forward(torch.tensor([token]), cache, start=position)[0, -1]
+            position += 1
+        stats.layer_evals = model.num_layers * stats.new_tokens
+        stats.head_evals = stats.new_tokens

@@ -1,0 +1,54 @@
+"""Method registry: a benchmark or server method name -> a `DecodingMethod`.
+
+Names are `FAMILY[:ARG][@THRESHOLD]`, e.g. `baseline`, `lookup`, `early-exit:confidence@0.9`,
+`draft-model:qwen2.5-coder-0.5b`. A family registers a factory that receives the rest of the name
+and the loaded model; adding a method is one `register(...)` call in the module that implements it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from .decoding import Baseline, DecodingMethod
+
+Factory = Callable[[str, object], DecodingMethod]  # (argument after "FAMILY:", model) -> method
+
+_FACTORIES: dict[str, Factory] = {}
+
+# Modules that register method families when imported (kept lazy: they may pull in heavy code).
+PLUGIN_MODULES: list[str] = []
+
+
+def register(family: str, factory: Factory) -> None:
+    _FACTORIES[family] = factory
+
+
+def _load_plugins() -> None:
+    for module in PLUGIN_MODULES:
+        importlib.import_module(module)
+
+
+def families() -> list[str]:
+    _load_plugins()
+    return sorted(_FACTORIES)
+
+
+def make_method(name: str, model) -> DecodingMethod:
+    """Build the method called `name` for `model`; ValueError with the known families otherwise."""
+    _load_plugins()
+    family, _, arg = name.partition(":")
+    if family not in _FACTORIES:
+        raise ValueError(f"unknown method {name!r}: known families are {', '.join(sorted(_FACTORIES))}")
+    method = _FACTORIES[family](arg, model)
+    method.name = name
+    return method
+
+
+def _baseline(arg: str, model) -> DecodingMethod:
+    if arg:
+        raise ValueError(f"baseline takes no argument, got {arg!r}")
+    return Baseline()
+
+
+register("baseline", _baseline)

