@@ -1,0 +1,1 @@
+"""Benchmark: datasets, metrics, the runner and reports."""

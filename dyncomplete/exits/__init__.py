@@ -1,0 +1,1 @@
+"""Exit heads, exit policies, their training and calibration."""
