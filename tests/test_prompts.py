@@ -1,0 +1,48 @@
+"""Prompt building: FIM templates where the vocabulary has them, the context budget."""
+
+import pytest
+
+from dyncomplete.prompts import build_prompt, fim_tokens
+
+
+def test_smollm_has_no_fim_and_says_so(smollm):
+    assert fim_tokens(smollm.tokenizer) is None
+    p = build_prompt(smollm.tokenizer, "def f(x):\n    return ", "\n\nprint(f(2))\n")
+    assert not p.fim and "suffix is ignored" in p.notice
+    assert smollm.tokenizer.decode(p.ids) == "def f(x):\n    return "
+
+
+def test_budget_keeps_the_end_of_the_prefix(smollm):
+    prefix = "".join(f"x{i} = {i}\n" for i in range(400))
+    p = build_prompt(smollm.tokenizer, prefix, budget=64)
+    assert len(p.ids) == 64 and p.truncated
+    assert smollm.tokenizer.decode(p.ids).endswith("x399 = 399\n")
+
+
+class FimTokenizer:
+    """The smallest tokenizer with FIM tokens: one id per character, plus three specials."""
+
+    specials = {"<|fim_prefix|>": 1000, "<|fim_suffix|>": 1001, "<|fim_middle|>": 1002}
+
+    def get_vocab(self):
+        return dict(self.specials)
+
+    def __call__(self, text, add_special_tokens=False):
+        return type("Enc", (), {"input_ids": [ord(c) for c in text]})
+
+
+def test_fim_layout_and_budget_split():
+    tok = FimTokenizer()
+    p = build_prompt(tok, "abc", "xyz")
+    assert p.fim and p.ids == [1000, 97, 98, 99, 1001, 120, 121, 122, 1002]
+    p = build_prompt(tok, "a" * 100, "b" * 100, budget=43)
+    assert len(p.ids) == 43 and p.truncated
+    assert p.ids[1:31] == [97] * 30  # the prefix keeps its end, three quarters of the room
+    assert p.ids[32:42] == [98] * 10  # the suffix keeps its start
+
+
+def test_empty_prompt_and_tiny_budget_are_refused(smollm):
+    with pytest.raises(ValueError, match="empty prompt"):
+        build_prompt(smollm.tokenizer, "")
+    with pytest.raises(ValueError, match="at least 8"):
+        build_prompt(smollm.tokenizer, "x", budget=2)
