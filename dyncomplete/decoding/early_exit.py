@@ -1,0 +1,154 @@
+"""Dynamic early exit: each token runs layer by layer until an exit policy stops it.
+
+Method names: `early-exit:POLICY@T[/OPTION...]`, options in any order, the threshold may also
+follow them (`early-exit:confidence/lens@0.9`, which keeps `--sweep ...@0.5,0.7` simple):
+  `lens`            plain logit-lens heads on the shipped heads' layers (default: shipped heads)
+  `heads=PATH`      translator heads from a file
+  `kv=catchup`      (default) skipped layers are run later for the exited positions, together
+                    with the next token that goes deeper: exact caches, no extra approximation
+  `kv=propagate`    skipped layers get keys/values projected from the exit hidden state (CALM,
+                    GREEN-CODE); llama and qwen2 layouts only
+
+Work is counted as design.md section 3 defines it: every layer run (catch-up included) is a
+layer evaluation, a propagated layer counts the fraction of a layer its key/value projections
+cost, every head evaluated (to decide or to emit) is a head evaluation, translators and policy
+arithmetic go to `extra_macs`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ..energy.work import layer_macs
+from ..exits.heads import ExitHeads, lens_heads, load_heads
+from ..exits.policies import ExitPolicy, make_policy
+from ..methods import register
+from .api import choose_token
+from .baseline import DecodingMethod
+
+PROPAGATE_KINDS = ("llama", "qwen2")
+
+
+class EarlyExit(DecodingMethod):
+    name = "early-exit"
+
+    def __init__(self, heads: ExitHeads, policy: ExitPolicy, kv: str = "catchup"):
+        if kv not in ("catchup", "propagate"):
+            raise ValueError(f"kv must be catchup or propagate, got {kv!r}")
+        if kv == "propagate" and heads.model.kind not in PROPAGATE_KINDS:
+            raise ValueError(f"kv=propagate supports {', '.join(PROPAGATE_KINDS)}, not {heads.model.kind}")
+        self.heads, self.policy, self.kv = heads, policy, kv
+        self.exits = set(heads.layers)
+
+    def decode(self, model, prompt_ids, logits, cache, emitter, generator):
+        stats = emitter.stats
+        stats.layer_evals += model.num_layers  # the prefill's last position gave the first token
+        stats.head_evals += 1
+        position, layers = len(prompt_ids), model.num_layers
+        pending: list[tuple[int, torch.Tensor]] = []
+        while True:
+            token = choose_token(logits, emitter.params, generator)
+            if emitter.emit(token, layers, "full" if layers == model.num_layers else "exit"):
+                break
+            logits, layers, pending = self.step(model, token, position, cache, pending, stats)
+            position += 1
+        cache.crop(min(cache.lengths))  # leave every layer equally long for whoever reuses it
+
+    def step(self, model, token, position, cache, pending, stats):
+        """Run one token until it exits. `pending` holds (resume layer, hidden (1, 1, d)) for the
+        exited positions right before `position` that still lack layers resume..L-1; resume
+        layers never increase along positions, so the positions missing at a layer are a suffix.
+        Returns (logits, layers run, pending)."""
+        first = position - len(pending)
+        start = position  # first position in the running batch
+        ctx = model.context(torch.tensor([position]))
+        h = model.embed(torch.tensor([token]), ctx)
+        self.policy.reset()
+        for j in range(model.num_layers):
+            joined = []
+            while start > first and pending[start - first - 1][0] == j:
+                start -= 1
+                joined.insert(0, pending[start - first][1])
+            if joined:
+                h = torch.cat(joined + [h], dim=1)
+                ctx = model.context(torch.arange(start, position + 1))
+            assert cache.lengths[j] == start, (j, cache.lengths[j], start)
+            h = model.run_layer(j, h, ctx, cache)
+            stats.layer_evals += h.shape[1]
+            e = j + 1
+            if e in self.exits and e < model.num_layers:
+                logits = self._exit_logits(model, e, h, stats) if self.policy.needs_logits else None
+                stats.extra_macs += self.policy.decision_macs()
+                if self.policy.decide(e, h[0, -1], logits):
+                    if logits is None:
+                        logits = self._exit_logits(model, e, h, stats)
+                    if self.kv == "propagate":
+                        self._propagate(model, range(e, model.num_layers), h, ctx, cache, stats)
+                        return logits, e, []
+                    kept = pending[: start - first]
+                    return logits, e, kept + [(e, h[:, k : k + 1]) for k in range(h.shape[1])]
+        stats.head_evals += 1
+        return model.head(model.final_norm(h[:, -1:])).float()[0, -1], model.num_layers, []
+
+    def _exit_logits(self, model, e, h, stats):
+        stats.head_evals += 1
+        stats.extra_macs += self.heads.map_macs()
+        return self.heads.logits(e, h[0, -1])
+
+    def _propagate(self, model, layers, h, ctx, cache, stats):
+        share = kv_projection_macs(model) / layer_macs(model)
+        propagate_kv(model, layers, h, ctx, cache)
+        stats.layer_evals += share * len(layers)
+
+
+def kv_projection_macs(model) -> float:
+    attn = model.layers[0].self_attn
+    return float(attn.k_proj.weight.numel() + attn.v_proj.weight.numel())
+
+
+def propagate_kv(model, layers, hidden, ctx, cache) -> None:
+    """Fill `layers` of the cache at the step's positions from `hidden`, with each layer's input
+    norm, key/value projections and rotary embedding only (llama/qwen2 layout)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    for j in layers:
+        layer = model.layers[j]
+        attn = layer.self_attn
+        x = layer.input_layernorm(hidden)
+        shape = (*x.shape[:-1], -1, attn.head_dim)
+        k = attn.k_proj(x).view(shape).transpose(1, 2)
+        v = attn.v_proj(x).view(shape).transpose(1, 2)
+        cos, sin = ctx.rotary[model.layer_types[j]]
+        k, _ = apply_rotary_pos_emb(k, k, cos, sin)
+        cache.update(k, v, j)
+
+
+_THRESHOLD = re.compile(r"@([-+0-9.eE]+)")
+
+
+def parse(arg: str) -> tuple[str, dict[str, str]]:
+    """`confidence@0.9/lens/kv=propagate` (or with `@0.9` last) -> ("confidence@0.9", options)."""
+    found = _THRESHOLD.search(arg)
+    rest = _THRESHOLD.sub("", arg, count=1) if found else arg
+    name, *opts = rest.split("/")
+    options = {}
+    for opt in opts:
+        key, sep, value = opt.partition("=")
+        options[key] = value if sep else "1"
+    unknown = set(options) - {"lens", "heads", "kv"}
+    if unknown or not name:
+        raise ValueError(f"bad early-exit method {arg!r}: use POLICY@T[/lens][/heads=PATH][/kv=catchup|propagate]")
+    return name + (f"@{found.group(1)}" if found else ""), options
+
+
+def factory(arg: str, model) -> EarlyExit:
+    spec, options = parse(arg)
+    heads = load_heads(model, options.get("heads") or None)
+    if "lens" in options:
+        heads = lens_heads(model, heads.layers)
+    return EarlyExit(heads, make_policy(spec, model, heads), options.get("kv", "catchup"))
+
+
+register("early-exit", factory)

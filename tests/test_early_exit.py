@@ -1,0 +1,126 @@
+"""Early exit: exact at the strictest threshold, exact caches after catch-up, propagated caches
+equal to a reference built with the real decoder layers, and honest work counts."""
+
+import pytest
+import torch
+
+from dyncomplete.decoding import Baseline, GenerationParams, Stats
+from dyncomplete.decoding.early_exit import EarlyExit, factory, parse
+from dyncomplete.exits.heads import lens_heads
+from dyncomplete.exits.policies import make_policy
+from dyncomplete.methods import make_method
+from test_baseline import stdlib_prompts
+
+
+class Never:
+    """A policy that never exits (the deep token of the cache tests)."""
+
+    needs_logits = False
+
+    def reset(self):
+        pass
+
+    def decision_macs(self):
+        return 0.0
+
+    def decide(self, e, hidden, logits):
+        return False
+
+
+def ids_of(model, text):
+    return model.tokenizer(text, add_special_tokens=False).input_ids
+
+
+@pytest.mark.parametrize("spec", ["confidence@1.0", "entropy@0", "saturation@1.0", "static@30"])
+def test_strictest_threshold_is_the_baseline(smollm, spec):
+    params = GenerationParams(max_new_tokens=16)
+    for text in stdlib_prompts(8)[:2]:
+        ids = ids_of(smollm, text)
+        base = Baseline().generate(smollm, ids, params)
+        ours = make_method(f"early-exit:{spec}", smollm).generate(smollm, ids, params)
+        assert ours.token_ids == base.token_ids
+        assert set(ours.stats.token_sources) == {"full"}
+        assert ours.stats.layer_evals == base.stats.layer_evals
+
+
+def run_exits(model, method, ids, tokens):
+    """Prefill `ids`, then feed `tokens` through method.step with the method's own policy."""
+    cache, stats = model.new_cache(), Stats()
+    model.forward(torch.tensor(ids), cache)
+    pending, depths = [], []
+    with torch.inference_mode():
+        for k, token in enumerate(tokens):
+            _, depth, pending = method.step(model, token, len(ids) + k, cache, pending, stats)
+            depths.append(depth)
+    return cache, pending, stats, depths
+
+
+def test_catch_up_leaves_an_exact_cache(smollm):
+    ids = ids_of(smollm, "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n")
+    tokens = ids_of(smollm, "    return a * b\n")[:5]
+    heads = lens_heads(smollm, [10, 20])
+    # exit at 20, then at 10 (resume layers 20, 10, ... never increase), then a deep token
+    method = EarlyExit(heads, make_policy("static@10", smollm, heads))
+    cache, pending, stats, depths = run_exits(smollm, EarlyExit(heads, make_policy("static@20", smollm, heads)), ids, tokens[:2])
+    assert depths == [20, 20] and len(pending) == 2
+    with torch.inference_mode():
+        _, d, pending = method.step(smollm, tokens[2], len(ids) + 2, cache, pending, stats)
+        assert d == 10 and [r for r, _ in pending] == [20, 20, 10]
+        method.policy = Never()
+        logits, d, pending = method.step(smollm, tokens[3], len(ids) + 3, cache, pending, stats)
+    assert d == smollm.num_layers and pending == [] and set(cache.lengths) == {len(ids) + 4}
+    reference = smollm.forward(torch.tensor(ids + tokens[:4]))[0, -1]
+    torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
+    # every skipped layer ran once, later: 30 + 20 + 20 + 10 on the steps, 10+10+20 caught up
+    assert stats.layer_evals == 20 + 20 + 10 + 30 + (10 + 10 + 20)
+
+
+def test_propagation_matches_a_reference_built_with_the_real_layers(smollm):
+    ids = ids_of(smollm, "import os\nimport sys\n\nfor name in os.listdir(")
+    tokens = ids_of(smollm, "path):\n    print(name)")[:4]
+    heads = lens_heads(smollm, [18])
+    method = EarlyExit(heads, make_policy("static@18", smollm, heads), kv="propagate")
+    cache, pending, stats, depths = run_exits(smollm, method, ids, tokens[:3])
+    assert depths == [18, 18, 18] and pending == [] and set(cache.lengths) == {len(ids) + 3}
+    method.policy = Never()
+    with torch.inference_mode():
+        logits, _, _ = method.step(smollm, tokens[3], len(ids) + 3, cache, [], stats)
+        # reference: the full decoder layers >= 18 run on the exit hidden state; their outputs
+        # are dropped, only the keys/values they append stay
+        ref = smollm.new_cache()
+        smollm.forward(torch.tensor(ids), ref)
+        for k, token in enumerate(tokens[:3]):
+            ctx = smollm.context(torch.tensor([len(ids) + k]))
+            h = smollm.embed(torch.tensor([token]), ctx)
+            for j in range(18):
+                h = smollm.run_layer(j, h, ctx, ref)
+            for j in range(18, smollm.num_layers):
+                smollm.run_layer(j, h, ctx, ref)
+        expected = smollm.forward(torch.tensor([tokens[3]]), ref)[0, -1]
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    full = smollm.forward(torch.tensor(ids + tokens[:4]))[0, -1]
+    assert not torch.allclose(logits, full, atol=1e-3)  # propagation is an approximation
+
+
+def test_counts_heads_and_exits(smollm):
+    ids = ids_of(smollm, "x = 1\ny = 2\nz =")
+    out = make_method("early-exit:static@20/lens", smollm).generate(smollm, ids, GenerationParams(max_new_tokens=6))
+    s = out.stats
+    assert s.token_layers == [30] + [20] * 5 and s.token_sources == ["full"] + ["exit"] * 5
+    assert s.layer_evals == 30 + 5 * 20 and s.head_evals == 6
+
+
+def test_method_names():
+    assert parse("confidence@0.9/lens/kv=propagate") == ("confidence@0.9", {"lens": "1", "kv": "propagate"})
+    assert parse("confidence/lens@0.9") == ("confidence@0.9", {"lens": "1"})
+    with pytest.raises(ValueError):
+        parse("confidence@0.9/bogus")
+
+
+def test_bad_names_are_refused(smollm):
+    with pytest.raises(ValueError, match="unknown exit policy"):
+        factory("nonsense@0.5", smollm)
+    with pytest.raises(ValueError, match="threshold"):
+        factory("confidence", smollm)
+    with pytest.raises(ValueError, match="kv"):
+        factory("confidence@0.5/kv=magic", smollm)
