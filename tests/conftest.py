@@ -14,3 +14,18 @@ def smollm():
 @pytest.fixture(scope="session")
 def smollm_bf16():
     return load("smollm2-135m", dtype="bfloat16", progress=lambda m: None)
+
+
+SERVE_KEY = "test-key"
+
+
+@pytest.fixture(scope="session")
+def served():
+    """A real `dyncomplete serve` process (float32 smollm2-135m, API key SERVE_KEY) on a free port:
+    (base URL, Popen). Shared by the server and web-page tests."""
+    from dyncomplete.serve.launch import running_server
+
+    options = ["--dtype", "float32", "--api-key", SERVE_KEY, "--queue-size", "64", "--timeout", "120",
+               "--max-tokens-limit", "256", "--context-budget", "256", "--cache-mb", "64"]
+    with running_server("smollm2-135m", *options) as server:
+        yield server

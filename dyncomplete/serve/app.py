@@ -1,0 +1,201 @@
+"""The HTTP API (OpenAI's `/v1/completions` shape) and the playground page, on FastAPI.
+
+Handlers only check input and talk to the `Worker`: every bad request is refused here, before it
+takes a queue slot, and the event loop never touches the model. Events from the worker thread
+reach a request through an asyncio queue; a client that goes away sets its job's cancel flag
+(streaming: the response generator is closed; otherwise `request.is_disconnected()` is polled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..methods import families
+from ..prompts import DEFAULT_CONTEXT_BUDGET
+from .prefix_cache import PrefixCache
+from .report import finish_reason
+from .request import ApiError, decode_body, parse_completion
+from .worker import Busy, Job, Worker
+
+STATIC = Path(__file__).parent / "static"
+POLL_S = 0.1  # how often a waiting non-streaming request checks for a disconnect
+
+
+@dataclass
+class Settings:
+    default_method: str = "baseline"
+    api_key: str | None = None
+    queue_size: int = 16
+    request_timeout_s: float = 60.0
+    max_tokens_limit: int = 1024
+    context_budget: int = DEFAULT_CONTEXT_BUDGET
+    cache_bytes: int = 512 * 2**20
+    max_body_bytes: int = 2 * 2**20
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
+    return bytes(body)
+
+
+def completion_body(rid: str, created: int, model: str, text: str, finish: str | None, usage=None, stats=None):
+    body = {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+    if usage is not None:
+        body["usage"] = usage
+    if stats is not None:
+        body["dyncomplete"] = stats
+    return body
+
+
+def usage_of(result: dict) -> dict:
+    s = result["completion"].stats
+    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens,
+            "total_tokens": s.prompt_tokens + s.new_tokens}
+
+
+def create_app(model, settings: Settings) -> FastAPI:
+    prefix_cache = PrefixCache(settings.cache_bytes)
+    worker = Worker(model, settings.default_method, settings.queue_size, settings.context_budget, prefix_cache)
+    known_families = families()
+
+    def check_key(request: Request):
+        """Every route but the page itself (a browser cannot send the header when opening it)."""
+        if settings.api_key and request.url.path != "/":
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
+                raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+
+    @asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        yield
+        await asyncio.to_thread(worker.stop)
+
+    app = FastAPI(title="dyncomplete", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  dependencies=[Depends(check_key)])
+    app.state.worker, app.state.prefix_cache = worker, prefix_cache
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, exc: ApiError):
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):
+        return error_response(ApiError(exc.status_code, str(exc.detail), kind="invalid_request_error"))
+
+    @app.get("/")
+    async def page():
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model.name, "method": settings.default_method,
+                "worker": worker.status(),
+                "prefix_cache": {"entries": len(prefix_cache), "bytes": prefix_cache.nbytes,
+                                 "max_bytes": prefix_cache.max_bytes, **vars(prefix_cache.counters)}}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": model.name, "object": "model", "created": 0, "owned_by": "dyncomplete",
+            "num_layers": model.num_layers, "default_method": settings.default_method,
+            "method_families": known_families}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        obj = decode_body(await read_body(request, settings.max_body_bytes))
+        req = parse_completion(obj, model.name, settings.default_method, known_families,
+                               settings.max_tokens_limit, request.headers.get("x-client-id"))
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+
+        def emit(event):
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the event loop is gone (shutdown)
+                pass
+
+        job = Job(req.prefix, req.suffix, req.params, req.method, req.prefix_cache, req.client_id,
+                  time.perf_counter() + settings.request_timeout_s, emit)
+        try:
+            worker.submit(job)
+        except Busy:
+            raise ApiError(503, f"server busy: {settings.queue_size} requests already queued, retry later",
+                           code="queue_full", kind="server_error", headers={"Retry-After": "1"}) from None
+        rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        extra = {"ignored_fields": req.ignored_fields} if req.ignored_fields else {}
+
+        async def next_event(watch_disconnect: bool):
+            while True:
+                try:
+                    return await asyncio.wait_for(events.get(), POLL_S)
+                except asyncio.TimeoutError:
+                    if watch_disconnect and await request.is_disconnected():
+                        job.cancel("disconnected")
+                    if job.cancelled() and job.reason == "timeout" and worker.current is not job and not job.finished:
+                        return "error", ApiError(503, f"no answer within {settings.request_timeout_s:g} s "
+                                                 "(queued too long)", code="timeout", kind="server_error")
+
+        if not req.stream:
+            while True:
+                kind, value = await next_event(True)
+                if kind == "error":
+                    raise value
+                if kind == "done":
+                    return completion_body(rid, created, model.name, value["completion"].text,
+                                           finish_reason(value["stats"]["stopped_by"]), usage_of(value),
+                                           {**value["stats"], **extra})
+
+        first = await next_event(True)
+        if first[0] == "error":
+            raise first[1]
+
+        async def sse():
+            event = first
+            try:
+                while True:
+                    kind, value = event
+                    if kind == "error":  # headers are sent: report in the stream, as OpenAI does
+                        yield f"data: {json.dumps(value.body())}\n\n"
+                        break
+                    if kind == "text":
+                        yield f"data: {json.dumps(completion_body(rid, created, model.name, value, None))}\n\n"
+                    if kind == "done":
+                        final = completion_body(rid, created, model.name, "", finish_reason(value["stats"]["stopped_by"]),
+                                                usage_of(value), {**value["stats"], **extra})
+                        yield f"data: {json.dumps(final)}\n\n"
+                        break
+                    event = await next_event(False)
+                yield "data: [DONE]\n\n"
+            finally:
+                if not job.finished:
+                    job.cancel("disconnected")
+
+        return StreamingResponse(sse(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app

@@ -1,0 +1,100 @@
+"""Prefix cache: KV caches of recent prompts, reused through the longest common token prefix.
+
+An editor sends nearly the same prompt at every pause in typing; reusing the KV of the part it
+shares with an earlier prompt leaves only the new tokens to prefill. Entries hold the prompt's
+positions only (generated tokens are dropped: a lossy method may have left approximate keys
+there), so a reused cache gives exactly the output of a fresh prefill. Memory is bounded by
+bytes, evicting the least recently used entry; an entry whose prompt starts a newer one is
+dropped, as the newer one serves every request the older one could.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ..models import KVCache
+
+
+def common_prefix_length(a: tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class CacheCounters:
+    lookups: int = 0
+    hits: int = 0
+    reused_tokens: int = 0
+    evictions: int = 0
+
+
+class PrefixCache:
+    """LRU of (prompt token ids -> KVCache holding exactly those positions), bounded by bytes."""
+
+    def __init__(self, max_bytes: int):
+        if max_bytes < 0:
+            raise ValueError(f"prefix cache size must be >= 0 bytes, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[int, ...], KVCache] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.counters = CacheCounters()
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, ids: list[int]) -> tuple[KVCache | None, int]:
+        """A private copy of the cache sharing the longest token prefix with `ids`, cropped to
+        that prefix, and its length; (None, 0) when no entry shares a token."""
+        with self._lock:
+            self.counters.lookups += 1
+            best_key, best = None, 0
+            for key in self._entries:
+                n = common_prefix_length(key, ids)
+                if n > best:
+                    best_key, best = key, n
+            if best_key is None:
+                return None, 0
+            self._entries.move_to_end(best_key)
+            source = self._entries[best_key]
+            self.counters.hits += 1
+            self.counters.reused_tokens += best
+        cache = source.copy()  # entries are never mutated in place, so copying outside the lock is safe
+        cache.crop(best)
+        return cache, best
+
+    def store(self, ids: list[int], cache: KVCache) -> bool:
+        """Keep the first len(ids) positions of `cache` (which must hold them in every layer)."""
+        n = len(ids)
+        if n == 0 or min(cache.lengths) < n:
+            return False
+        cache.crop(n)
+        entry = cache.copy()  # trims the buffers to the prompt, so nbytes is what is kept
+        size = entry.nbytes()
+        if size > self.max_bytes:
+            return False
+        key = tuple(ids)
+        with self._lock:
+            for old in [k for k in self._entries if len(k) <= n and key[: len(k)] == k]:
+                self._bytes -= self._entries.pop(old).nbytes()
+            self._entries[key] = entry
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.nbytes()
+                self.counters.evictions += 1
+        return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0

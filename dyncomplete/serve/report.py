@@ -1,0 +1,57 @@
+"""The `dyncomplete` object of a response: where the compute of one completion went.
+
+Built in the worker thread (it uses the tokenizer, which is not safe to share across threads).
+`tokens` splits the completion text at token boundaries so the web page can colour each token by
+the layer it exited at, or by whether it was drafted and accepted.
+"""
+
+from __future__ import annotations
+
+from ..decoding import Completion
+from ..energy import compute_per_token
+
+FINISH_REASONS = {"max_tokens": "length", "timeout": "length", "eos": "stop", "newline": "stop", "stop": "stop",
+                  "stop_rule": "stop"}
+
+
+def token_pieces(tokenizer, ids: list[int], text: str) -> list[str]:
+    """The text each token adds (decoding prefixes, so multi-byte characters split across tokens
+    land on the token that completes them), clipped to the final text (stop strings removed)."""
+    pieces, done = [], ""
+    for i in range(len(ids)):
+        now = tokenizer.decode(ids[: i + 1], skip_special_tokens=True).rstrip("\ufffd")
+        now = now[: len(text)] if len(now) > len(text) else now
+        pieces.append(now[len(done):] if now.startswith(done) else "")
+        done = now if now.startswith(done) else done
+    return pieces
+
+
+def finish_reason(stopped_by: str) -> str:
+    return FINISH_REASONS.get(stopped_by, "cancelled")
+
+
+def stats_object(model, completion: Completion, energy, extra: dict) -> dict:
+    s = completion.stats
+    pieces = token_pieces(model.tokenizer, completion.token_ids, completion.text)
+    return {
+        "method": s.method,
+        "num_layers": model.num_layers,
+        "prompt_tokens": s.prompt_tokens,
+        "cached_prompt_tokens": s.cached_prompt_tokens,
+        "new_tokens": s.new_tokens,
+        "layer_evals_per_token": s.layer_evals_per_token,
+        "compute_per_token": compute_per_token(s, model),
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "prefill_s": s.prefill_s,
+        "decode_s": s.decode_s,
+        "energy_j": energy.joules,
+        "energy_source": energy.source,
+        "energy_formula": energy.formula,
+        "stopped_by": s.stopped_by,
+        "token_layers": s.token_layers,
+        "token_sources": s.token_sources,
+        "tokens": [{"text": t, "layers": n, "source": src}
+                   for t, n, src in zip(pieces, s.token_layers, s.token_sources)],
+        **extra,
+    }

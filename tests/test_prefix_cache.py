@@ -1,0 +1,75 @@
+"""Prefix cache: reuse gives the same tokens as a fresh prefill, memory stays bounded, and the
+stable prompt window keeps a growing prefix's start fixed so the cache keeps hitting."""
+
+import inspect
+
+import pytest
+
+from dyncomplete.decoding import Baseline, GenerationParams
+from dyncomplete.models import KVCache, layered
+from dyncomplete.serve.prefix_cache import PrefixCache
+from dyncomplete.serve.window import stable_prefix
+
+SOURCE = inspect.getsource(layered)  # real code, about 8k characters
+
+
+def ids_of(model, text):
+    return model.tokenizer(text, add_special_tokens=False).input_ids
+
+
+def test_reuse_is_token_identical_to_a_fresh_prefill(smollm):
+    cache = PrefixCache(max_bytes=256 * 2**20)
+    params = GenerationParams(max_new_tokens=12)
+    # A typing session: each prompt extends or edits the previous one.
+    cuts = [600, 640, 700, 650, 900]
+    reused = []
+    for n in cuts:
+        ids = ids_of(smollm, SOURCE[:n])
+        fresh = Baseline().generate(smollm, ids, params)
+        kv, shared = cache.lookup(ids)
+        kv = kv if kv is not None else smollm.new_cache()
+        cached = Baseline().generate(smollm, ids, params, cache=kv)
+        assert cache.store(ids, kv)
+        assert cached.token_ids == fresh.token_ids, n
+        assert cached.stats.cached_prompt_tokens == min(shared, len(ids) - 1)
+        reused.append(cached.stats.cached_prompt_tokens)
+    assert reused[0] == 0 and all(r > 100 for r in reused[1:]), reused
+    assert cache.counters.hits == len(cuts) - 1
+
+
+def test_memory_bound_eviction_and_subsumed_entries(smollm):
+    def filled(n):
+        kv = smollm.new_cache()
+        smollm.forward(__import__("torch").tensor(ids_of(smollm, SOURCE)[:n]), kv)
+        return kv
+
+    ids = ids_of(smollm, SOURCE)
+    one = filled(40).copy().nbytes()
+    cache = PrefixCache(max_bytes=int(2.5 * one))
+    assert cache.store(ids[:20], filled(40))  # keeps only the prompt's 20 positions
+    assert cache.store(ids[:40], filled(40))  # extends the first entry, which is dropped
+    assert len(cache) == 1 and cache.nbytes == one
+    other = [t + 1 for t in ids[:40]]
+    assert cache.store(other, filled(40)) and cache.store([t + 2 for t in ids[:40]], filled(40))
+    assert cache.nbytes <= cache.max_bytes and cache.counters.evictions == 1
+    assert cache.lookup(ids[:40]) == (None, 0)  # the least recently used entry went first
+    kv, n = cache.lookup(other[:30] + [0])
+    assert n == 30 and kv.lengths == [30] * smollm.num_layers
+    assert not cache.store(ids[:50], filled(40))  # the cache does not hold all 50 positions
+    with pytest.raises(ValueError):
+        PrefixCache(-1)
+    assert isinstance(kv, KVCache)
+
+
+def test_stable_window_keeps_the_start_while_typing(smollm):
+    budget = 256
+    starts, lengths = [], []
+    for end in range(4000, 4400, 10):  # typing 400 characters into a file longer than the budget
+        text, cut = stable_prefix(smollm.tokenizer, SOURCE[:end], budget)
+        assert cut and SOURCE[:end].endswith(text)
+        starts.append(end - len(text))
+        lengths.append(len(ids_of(smollm, text)))
+    assert max(lengths) <= budget
+    assert len(set(starts)) <= 3, sorted(set(starts))  # the start moved at most twice
+    short = SOURCE[:300]
+    assert stable_prefix(smollm.tokenizer, short, budget) == (short, False)
