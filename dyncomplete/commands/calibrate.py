@@ -1,0 +1,51 @@
+"""`dyncomplete calibrate`: pick exit-policy thresholds that keep a target agreement with the
+full model on the calib split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ._common import add_model_options, load_from_args
+
+POLICIES = ("static", "confidence", "entropy", "margin", "saturation", "classifier")
+
+
+def run(args) -> int:
+    from ..exits.calibrate import calibrate, layer_signals, score_of
+    from ..exits.collect import cached_collect
+    from ..exits.heads import lens_heads, load_heads
+
+    model = load_from_args(args)
+    heads = load_heads(model, args.heads)
+    if args.lens:
+        heads = lens_heads(model, heads.layers)
+    data = cached_collect(model, heads.layers, "calib", args.tokens)
+    signals = layer_signals(heads, data)
+    names = POLICIES if args.policy == "all" else args.policy.split(",")
+    results = {}
+    for name in names:
+        signals.scores[name] = score_of(name, heads, signals, data)
+        results[name] = {t: calibrate(heads, signals, name, t) for t in args.target}
+        for t, r in results[name].items():
+            print(f"{r['method']:<40} target {t:.3f}: agreement {r['agreement']:.3f}, "
+                  f"{r['layers_per_token']:.2f} layers/token, {100 * r['exit_share']:.0f}% exit")
+    agreement = {e: round(float(a), 4) for e, a in zip(heads.layers, signals.agree.float().mean(1))}
+    record = {"model": model.name, "heads": heads.kind, "tokens": len(data), "per_layer_agreement": agreement,
+              "policies": results}
+    if args.out:
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps({"per_layer_agreement": agreement}))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="choose exit thresholds for a target agreement (calib split)")
+    add_model_options(p)
+    p.add_argument("--policy", default="all", help=f"comma list of {', '.join(POLICIES)}, or all")
+    p.add_argument("--target", type=float, nargs="+", default=[0.95, 0.99], help="agreement(s) to keep")
+    p.add_argument("--heads", default=None, help="exit heads file (default: the shipped heads)")
+    p.add_argument("--lens", action="store_true", help="calibrate plain logit-lens heads on the same layers")
+    p.add_argument("--tokens", type=int, default=2000, help="calib-split tokens")
+    p.add_argument("--out", default=None, help="write thresholds and curves as JSON")
+    p.set_defaults(run=run)

@@ -1,0 +1,116 @@
+"""Exit heads, policies, translator training, calibration and the exit classifier."""
+
+import json
+
+import pytest
+import torch
+
+from dyncomplete.exits.calibrate import calibrate, layer_signals, simulate
+from dyncomplete.exits.classifier import Classifier, load_classifier, save_classifier, train_classifier
+from dyncomplete.exits.collect import code_chunks, collect
+from dyncomplete.exits.heads import default_path, lens_heads, load_heads
+from dyncomplete.exits.policies import make_policy
+from dyncomplete.exits.train import agreement, train_translators
+
+
+@pytest.fixture(scope="module")
+def tiny_data(smollm):
+    """Two 96-token chunks of train-split code through the real model."""
+    chunks = code_chunks(smollm.tokenizer, "train", 150, chunk=96)
+    return collect(smollm, [20, 26], chunks, progress=False)
+
+
+def test_shipped_heads_match_the_model(smollm):
+    heads = load_heads(smollm)
+    assert heads.kind == "translator" and default_path(smollm).is_file()
+    assert heads.metadata["model_sha256"] == smollm.source_sha256
+    assert heads.layers and all(1 <= e < smollm.num_layers for e in heads.layers)
+    d = smollm.hidden_size
+    for e in heads.layers:
+        assert heads.maps[str(e)].weight.shape == (d, d) and heads.maps[str(e)].bias.shape == (d,)
+    h = torch.randn(3, d)
+    assert heads.normed(heads.layers[0], h).shape == (3, d)
+    logits = heads.logits(heads.layers[-1], h)
+    assert logits.shape == (3, smollm.vocab_size) and logits.dtype == torch.float32
+
+
+def test_lens_is_final_norm_and_head(smollm):
+    heads = lens_heads(smollm, [4, 8])
+    h = torch.randn(2, smollm.hidden_size)
+    torch.testing.assert_close(heads.logits(8, h), smollm.head(smollm.final_norm(h)).float())
+    with pytest.raises(ValueError):
+        lens_heads(smollm, [0, smollm.num_layers])
+
+
+def test_training_improves_agreement_and_round_trips(smollm, tiny_data, tmp_path):
+    heads = train_translators(smollm, tiny_data, steps=30, batch=64, progress=False)
+    trained, lens = agreement(heads, tiny_data), agreement(lens_heads(smollm, [20, 26]), tiny_data)
+    assert trained[20] > lens[20]  # on its own training tokens: it must have learned something
+    path = heads.save(tmp_path / "h.safetensors", data="test")
+    loaded = load_heads(smollm, path)
+    assert loaded.kind == "translator" and loaded.layers == [20, 26]
+    h = tiny_data.hidden[26][:4].float()
+    torch.testing.assert_close(loaded.logits(26, h), heads.logits(26, h))
+    meta = json.loads(path.with_suffix(".json").read_text())
+    meta["model_sha256"] = "0" * 64
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="other weights"):
+        load_heads(smollm, path)
+
+
+def test_strict_thresholds_never_fire(smollm):
+    one_hot = torch.full((smollm.vocab_size,), -1e4)
+    one_hot[7] = 1e4
+    h = torch.randn(smollm.hidden_size)
+    assert not make_policy("confidence@1.0", smollm, None).decide(20, h, one_hot)
+    assert make_policy("confidence@0.99", smollm, None).decide(20, h, one_hot)
+    assert not make_policy("margin@1.0", smollm, None).decide(20, h, one_hot)
+    assert not make_policy("entropy@0", smollm, None).decide(20, h, one_hot)
+    sat = make_policy("saturation@0.5", smollm, None)
+    assert not sat.decide(20, h, None) and sat.decide(22, h * 2, None)  # first check: nothing to compare
+    sat.reset()
+    assert not sat.decide(22, h, None)
+    assert make_policy("static@20", smollm, None).decide(20, h, None)
+    assert not make_policy("static@20", smollm, None).decide(18, h, None)
+
+
+def test_simulate_and_calibrate_on_known_signals(smollm):
+    layers = [10, 20]
+    agree = torch.tensor([[True, False, True, False], [True, True, True, False]])
+    score = torch.tensor([[0.9, 0.8, 0.1, 0.1], [0.95, 0.9, 0.2, 0.1]])
+    r = simulate(layers, agree, score, 0.5, 30)
+    assert r["agreement"] == 0.75 and r["layers_per_token"] == (10 + 10 + 30 + 30) / 4 and r["exit_share"] == 0.5
+    r = simulate(layers, agree, score, 0.85, 30)
+    assert r["agreement"] == 1.0 and r["layers_per_token"] == (10 + 20 + 30 + 30) / 4
+
+    class Signals:
+        pass
+
+    signals = Signals()
+    signals.agree, signals.scores = agree, {"confidence": score}
+    best = calibrate(lens_heads(smollm, layers), signals, "confidence", 1.0)
+    assert best["agreement"] == 1.0 and best["layers_per_token"] == 22.5
+
+
+def test_layer_signals_agree_with_the_heads(smollm, tiny_data):
+    heads = lens_heads(smollm, [20, 26])
+    signals = layer_signals(heads, tiny_data)
+    assert signals.agree.shape == (2, len(tiny_data))
+    assert torch.allclose(signals.agree.float().mean(1), torch.tensor(list(agreement(heads, tiny_data).values())))
+    conf = signals.scores["confidence"]
+    assert (conf > 0).all() and (conf <= 1).all() and (signals.scores["margin"] <= conf).all()
+
+
+def test_classifier_trains_saves_and_decides(smollm, tiny_data, tmp_path):
+    heads = lens_heads(smollm, [20, 26])
+    mlps = train_classifier(heads, tiny_data, steps=20, batch=64, progress=False)
+    path = save_classifier(smollm, mlps, tmp_path / "c.safetensors", {})
+    loaded = load_classifier(smollm, path)
+    policy = Classifier(0.5, smollm, loaded)
+    h = tiny_data.hidden[26][:5].float()
+    s = policy.scores(26, h)
+    assert s.shape == (5,) and ((s >= 0) & (s <= 1)).all()
+    torch.testing.assert_close(s, Classifier(0.5, smollm, mlps).scores(26, h))
+    assert policy.decide(26, h[0], None) == (float(s[0]) > 0.5)
+    assert not Classifier(1.0, smollm, loaded).decide(26, h[0], None)
+    assert policy.decision_macs() < 0.05 * sum(p.numel() for p in smollm.layers[0].parameters())
