@@ -23,7 +23,7 @@ PolicyFactory = Callable[[float, object, object], "ExitPolicy"]  # (threshold, m
 _POLICIES: dict[str, PolicyFactory] = {}
 
 # Modules that register more policies when imported (lazily: they may load trained weights).
-POLICY_PLUGINS: list[str] = ["dyncomplete.exits.classifier"]
+POLICY_PLUGINS: list[str] = ["dyncomplete.exits.classifier", "dyncomplete.exits.rl.policy"]
 
 
 class ExitPolicy:

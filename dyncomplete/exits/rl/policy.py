@@ -1,0 +1,110 @@
+"""`rl@T`: the trained exit agent as an exit policy. At each exit layer the actor network reads
+the normalised hidden state and the depth; the token exits when P(exit) > T (strict, so T = 1.0
+never exits). Its forward pass is counted as the policy's own cost (`decision_macs`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..heads import ASSETS
+from ..policies import ExitPolicy, register_policy
+from .data import features
+from .reward import EXIT
+
+AGENT_FILE = "agent.safetensors"
+
+
+class AgentNet(torch.nn.Module):
+    """The PPO actor alone: tanh MLP -> logits of (continue, exit). The critic is not shipped."""
+
+    def __init__(self, linears: list[torch.nn.Linear]):
+        super().__init__()
+        self.linears = torch.nn.ModuleList(linears)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs
+        for lin in self.linears[:-1]:
+            x = torch.tanh(lin(x))
+        return self.linears[-1](x)
+
+    def p_exit(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.forward(obs), -1)[..., EXIT]
+
+    def macs(self) -> float:
+        """Multiply-accumulates of one decision: the matrix products plus the input's
+        normalisation (about two per element)."""
+        return float(sum(lin.weight.numel() for lin in self.linears)) + 2.0 * self.linears[0].in_features
+
+    @classmethod
+    def from_sb3(cls, policy) -> "AgentNet":
+        """Copy the actor of an SB3 `MlpPolicy` (tanh policy_net + action_net) to float32."""
+        linears = [m for m in policy.mlp_extractor.policy_net if isinstance(m, torch.nn.Linear)]
+        linears.append(policy.action_net)
+        copies = []
+        for lin in linears:
+            new = torch.nn.Linear(lin.in_features, lin.out_features)
+            new.load_state_dict({k: v.detach().cpu().float() for k, v in lin.state_dict().items()})
+            copies.append(new)
+        return cls(copies).requires_grad_(False).eval()
+
+    def save(self, path: Path, meta: dict) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({f"{i}.{k}": v.contiguous() for i, lin in enumerate(self.linears) for k, v in lin.state_dict().items()},
+                  str(path))
+        path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> "AgentNet":
+        tensors = load_file(str(path))
+        linears = []
+        for i in range(len(tensors) // 2):
+            w, b = tensors[f"{i}.weight"], tensors[f"{i}.bias"]
+            lin = torch.nn.Linear(w.shape[1], w.shape[0])
+            lin.load_state_dict({"weight": w, "bias": b})
+            linears.append(lin)
+        return cls(linears).requires_grad_(False).eval()
+
+
+def default_path(model) -> Path:
+    return ASSETS / model.name / AGENT_FILE
+
+
+def load_agent(model, path=None) -> tuple[AgentNet, dict]:
+    """The agent at `path` (default: the one shipped for this model) and its metadata record;
+    refuses an agent trained on other weights or another hidden size."""
+    path = Path(path) if path is not None else default_path(model)
+    if not path.is_file():
+        raise FileNotFoundError(f"no exit agent at {path}: train one with `dyncomplete train-agent --model {model.name}`")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    want = meta.get("model_sha256")
+    if want and model.source_sha256 and want != model.source_sha256:
+        raise ValueError(f"exit agent {path} was trained for other weights (sha256 {want[:12]}...)")
+    net = AgentNet.load(path)
+    if net.linears[0].in_features != model.hidden_size + 1:
+        raise ValueError(f"exit agent {path} reads width {net.linears[0].in_features - 1}, the model has {model.hidden_size}")
+    return net.to(model.device), meta
+
+
+class RLPolicy(ExitPolicy):
+    def __init__(self, threshold: float, net: AgentNet, num_layers: int):
+        super().__init__(threshold)
+        self.net = net
+        self.num_layers = num_layers
+
+    @torch.inference_mode()
+    def p_exit(self, e: int, hidden: torch.Tensor) -> float:
+        return float(self.net.p_exit(features(hidden, e, self.num_layers)))
+
+    def decide(self, e, hidden, logits):
+        return self.p_exit(e, hidden) > self.threshold
+
+    def decision_macs(self) -> float:
+        return self.net.macs()
+
+
+register_policy("rl", lambda t, model, heads: RLPolicy(t, load_agent(model)[0], model.num_layers))
