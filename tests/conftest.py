@@ -16,6 +16,16 @@ def smollm_bf16():
     return load("smollm2-135m", dtype="bfloat16", progress=lambda m: None)
 
 
+@pytest.fixture(scope="session")
+def qwen05():
+    """Qwen2.5-Coder-0.5B in float32 where its packages are installed (not by install.sh: 0.5 GB)."""
+    from dyncomplete.models import REGISTRY
+
+    if not REGISTRY["qwen2.5-coder-0.5b"].installed():
+        pytest.skip("qwen2.5-coder-0.5b is not installed: run `dyncomplete install qwen2.5-coder-0.5b`")
+    return load("qwen2.5-coder-0.5b", dtype="float32", progress=lambda m: None)
+
+
 SERVE_KEY = "test-key"
 
 

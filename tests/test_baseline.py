@@ -31,16 +31,17 @@ def strip_eos(tokens, eos):
     return tokens[: next((i for i, t in enumerate(tokens) if t in eos), len(tokens))]
 
 
-@pytest.mark.parametrize("fixture", ["smollm", "smollm_bf16"])
+@pytest.mark.parametrize("fixture", ["smollm", "smollm_bf16", "qwen05"])
 def test_greedy_identical_to_generate_on_20_stdlib_prompts(fixture, request):
     model = request.getfixturevalue(fixture)
+    n_new = 24 if model.num_layers == 30 else 12
     prompts = stdlib_prompts(20)
     assert len(prompts) == 20
     eos = eos_ids_of(model)
     for text in prompts:
         ids = model.tokenizer(text, add_special_tokens=False).input_ids
-        ours = Baseline().generate(model, ids, GenerationParams(max_new_tokens=24))
-        assert ours.token_ids == strip_eos(hf_greedy(model, ids, 24), eos), text[-80:]
+        ours = Baseline().generate(model, ids, GenerationParams(max_new_tokens=n_new))
+        assert ours.token_ids == strip_eos(hf_greedy(model, ids, n_new), eos), text[-80:]
 
 
 def test_line_mode_and_stop_strings(smollm):
