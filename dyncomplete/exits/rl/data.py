@@ -30,9 +30,10 @@ def normalise(hidden: torch.Tensor) -> torch.Tensor:
 
 
 def features(hidden: torch.Tensor, layer: int, num_layers: int) -> torch.Tensor:
-    """The agent's observation: the normalised hidden state and the depth reached (layer / L)."""
-    h = normalise(hidden.reshape(-1))
-    return torch.cat([h, h.new_tensor([layer / num_layers])])
+    """The agent's observation(s) for hidden state(s) (..., d) at one exit layer: the normalised
+    hidden state and the depth reached (layer / L)."""
+    h = normalise(hidden)
+    return torch.cat([h, h.new_full((*h.shape[:-1], 1), layer / num_layers)], -1)
 
 
 @dataclass

@@ -103,6 +103,11 @@ class RLPolicy(ExitPolicy):
     def decide(self, e, hidden, logits):
         return self.p_exit(e, hidden) > self.threshold
 
+    @torch.inference_mode()
+    def scores(self, e: int, hidden: torch.Tensor) -> torch.Tensor:
+        """P(exit) for many tokens' hidden states (N, d) at exit layer e (offline calibration)."""
+        return self.net.p_exit(features(hidden, e, self.num_layers))
+
     def decision_macs(self) -> float:
         return self.net.macs()
 

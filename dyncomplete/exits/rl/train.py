@@ -39,12 +39,13 @@ def train(data: ExitData, target: str = "final", cfg: RewardConfig = RewardConfi
             episodes = self.model.ep_info_buffer
             if episodes:
                 curve.append((self.num_timesteps, float(np.mean([ep["r"] for ep in episodes]))))
-                if log:
+                if log and len(curve) % 10 == 1:
                     log(f"{self.num_timesteps}/{timesteps} steps  mean reward {curve[-1][1]:.3f}  "
                         f"{time.perf_counter() - start:.0f} s")
 
     agent = PPO("MlpPolicy", env, n_steps=256, batch_size=256, n_epochs=4, learning_rate=3e-4, ent_coef=0.01,
-                policy_kwargs={"net_arch": list(hidden)}, seed=seed, device="cpu", verbose=0)
+                policy_kwargs={"net_arch": list(hidden)}, stats_window_size=500, seed=seed, device="cpu",
+                verbose=0)
     agent.learn(total_timesteps=timesteps, callback=Curve())
     return AgentNet.from_sb3(agent.policy), curve, time.perf_counter() - start
 
@@ -94,7 +95,7 @@ def plot_curve(curve, path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([c[0] for c in curve], [c[1] for c in curve])
     ax.set_xlabel("PPO timesteps")
-    ax.set_ylabel("mean episode reward (last 100)")
+    ax.set_ylabel("mean episode reward (last 500)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
