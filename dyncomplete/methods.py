@@ -17,7 +17,7 @@ Factory = Callable[[str, object], DecodingMethod]  # (argument after "FAMILY:", 
 _FACTORIES: dict[str, Factory] = {}
 
 # Modules that register method families when imported (kept lazy: they may pull in heavy code).
-PLUGIN_MODULES: list[str] = ["dyncomplete.decoding.early_exit"]
+PLUGIN_MODULES: list[str] = ["dyncomplete.decoding.hf_generate", "dyncomplete.decoding.early_exit"]
 
 
 def register(family: str, factory: Factory) -> None:

@@ -1,0 +1,96 @@
+"""PNG plots of a summary: quality against time and energy per token, Pareto front marked, and
+for --sweep one curve per method family through its thresholds (baseline as a point)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COSTS = {
+    "decode_ms_per_token": "decode time per token (ms)",
+    "energy_j_per_token": "energy per token (J)",
+    "layer_evals_per_token": "layer evaluations per token",
+}
+LABELS = {"es": "ES (edit similarity, 0-100)", "em": "EM (exact match, %)", "pass_at_1": "pass@1 (%)"}
+
+
+def quality_metrics(summary: dict) -> list[str]:
+    first = next(iter(summary["methods"].values()), {})
+    return ["pass_at_1", "es"] if "pass_at_1" in first else ["es", "em"]
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points that no other point beats (lower or equal cost and higher or equal
+    quality, one of them strictly), ordered by cost."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        beaten = any(x2 <= x and y2 >= y and (x2 < x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i)
+        if not beaten:
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def _usable(summary: dict, cost: str, quality: str) -> list[tuple[str, float, float]]:
+    return [(name, m[cost], m[quality]) for name, m in summary["methods"].items()
+            if m.get(cost) is not None and m.get(quality) is not None]
+
+
+def plot_tradeoff(summary: dict, cost: str, path: Path) -> Path:
+    metrics = quality_metrics(summary)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.5), squeeze=False)
+    for ax, quality in zip(axes[0], metrics):
+        rows = _usable(summary, cost, quality)
+        points = [(x, y) for _, x, y in rows]
+        ax.scatter([p[0] for p in points], [p[1] for p in points], color="tab:blue", zorder=3)
+        for name, x, y in rows:
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        front = pareto_front(points)
+        if front:
+            ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "--", color="tab:red",
+                    label="Pareto front", zorder=2)
+            ax.legend(loc="lower right", fontsize=8)
+        _axes(ax, cost, quality)
+    return _save(fig, f"{summary['model']} on {summary['dataset']} (n={summary['n']}, {summary['dtype']})", path)
+
+
+def plot_sweeps(summary: dict, sweeps: dict[str, list[str]], path: Path) -> Path:
+    """Rows: quality metrics; columns: layer evals, time and energy per token; one line per family."""
+    metrics = quality_metrics(summary)
+    fig, axes = plt.subplots(len(metrics), len(COSTS), figsize=(5 * len(COSTS), 4 * len(metrics)), squeeze=False)
+    methods = summary["methods"]
+    base = methods.get("baseline")
+    for r, quality in enumerate(metrics):
+        for c, cost in enumerate(COSTS):
+            ax = axes[r][c]
+            for family, names in sweeps.items():
+                pts = [(methods[n][cost], methods[n][quality], n.rsplit("@", 1)[-1]) for n in names
+                       if n in methods and methods[n].get(cost) is not None]
+                if not pts:
+                    continue
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=family)
+                for x, y, t in pts:
+                    ax.annotate(t, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+            if base and base.get(cost) is not None:
+                ax.scatter([base[cost]], [base[quality]], marker="*", s=150, color="black", label="baseline", zorder=4)
+            _axes(ax, cost, quality)
+            if r == 0 and c == 0:
+                ax.legend(fontsize=8)
+    return _save(fig, f"threshold sweeps: {summary['model']} on {summary['dataset']} (n={summary['n']})", path)
+
+
+def _axes(ax, cost: str, quality: str) -> None:
+    ax.set_xlabel(COSTS[cost])
+    ax.set_ylabel(LABELS[quality])
+    ax.grid(alpha=0.3)
+
+
+def _save(fig, title: str, path: Path) -> Path:
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

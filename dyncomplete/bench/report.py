@@ -1,0 +1,48 @@
+"""report.md: the run's header and one table, readable in ten seconds."""
+
+from __future__ import annotations
+
+
+def _fmt(value, digits: int = 1, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def render(summary: dict, plots: list[str]) -> str:
+    methods = summary["methods"]
+    has_pass = any("pass_at_1" in m for m in methods.values())
+    cols = ["method", "EM", "ES", "ROUGE-L", "BLEU"] + (["pass@1"] if has_pass else []) + [
+        "ms/token", "layers/token", "compute/token", "speedup", "e2e speedup", "J/token", "same as baseline"]
+    lines = [
+        f"# {summary['model']} on {summary['dataset']}",
+        "",
+        f"n = {summary['n']} examples, {summary['date']}, dtype {summary['dtype']}, device {summary['device']} "
+        f"({summary['cpu']}, {summary['threads']} threads).",
+        f"Energy: {summary['energy_source']} ({summary['energy_formula']}).",
+        "EM, ES, pass@1 in %; ROUGE-L 0-1; ms/token = decode time per new token; speedup = baseline "
+        "decode time / method decode time (e2e: prefill included), on the same examples.",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(cols) - 1)) + "|",
+    ]
+    for name, m in methods.items():
+        row = [f"`{name}`", _fmt(m["em"]), _fmt(m["es"]), _fmt(m["rouge_l"], 3), _fmt(m["bleu"])]
+        if has_pass:
+            row.append(_fmt(m.get("pass_at_1")))
+        row += [_fmt(m["decode_ms_per_token"]), _fmt(m["layer_evals_per_token"]), _fmt(m["compute_per_token"], 2),
+                _fmt(m["speedup_vs_baseline"], 2, "x"), _fmt(m["e2e_speedup_vs_baseline"], 2, "x"),
+                _fmt(m["energy_j_per_token"], 3),
+                _fmt(None if m["identical_to_baseline"] is None else 100 * m["identical_to_baseline"], 0, "%")]
+        lines.append("| " + " | ".join(row) + " |")
+    drafting = {n: m for n, m in methods.items() if "acceptance_rate" in m}
+    if drafting:
+        lines += ["", "| method | acceptance rate | mean accepted length | acceptance by draft position |",
+                  "|---|---:|---:|---|"]
+        for name, m in drafting.items():
+            positions = " ".join(f"{a:.2f}" for a in m["acceptance_per_position"][:10])
+            lines.append(f"| `{name}` | {m['acceptance_rate']:.2f} | {_fmt(m['mean_accepted_length'], 2)} | {positions} |")
+    lines += [""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"

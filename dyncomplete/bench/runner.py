@@ -1,0 +1,147 @@
+"""The benchmark loop: every method on every example, round-robin, results appended as they come.
+
+Methods run one after the other on each example (A, B on example 1, then A, B on example 2) so
+that a noisy machine's drift hits all of them alike. Before timing, each method completes a few
+tokens once (warm-up: first-call allocations, lazy initialisation). Each result is one line of
+`examples.jsonl`, written and flushed at once; a rerun with the same --out skips the (id, method)
+pairs already there, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from ..decoding.api import Stats
+from ..energy import compute_per_token
+from ..methods import make_method
+from ..prompts import build_prompt
+from .datasets import Dataset, program
+from .execution import run_program
+from .metrics import score
+
+WARMUP_TOKENS = 4
+EXAMPLES = "examples.jsonl"
+RUN_FILE = "run.json"
+PER_TOKEN_LISTS = ("token_layers", "token_sources")  # long, kept out of examples.jsonl
+
+
+def read_results(out: Path) -> list[dict]:
+    """Complete lines of examples.jsonl; a line cut off by an interruption is dropped from the file."""
+    path = out / EXAMPLES
+    if not path.is_file():
+        return []
+    records, lines = [], path.read_text(encoding="utf-8").splitlines()
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    if len(records) != len([l for l in lines if l.strip()]):
+        path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return records
+
+
+def check_run(out: Path, config: dict) -> None:
+    """Refuse to mix the results of a different model, dataset or dtype into one folder."""
+    path = out / RUN_FILE
+    if path.is_file():
+        before = json.loads(path.read_text())
+        for key in ("model", "dataset", "dtype"):
+            if before.get(key) != config[key]:
+                raise ValueError(f"{out} holds a run with {key} {before.get(key)!r}, not {config[key]!r}: "
+                                 "use another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2))
+
+
+def evaluate(example: dict, prediction: str, has_tests: bool) -> dict:
+    metrics = score(prediction, example["gt"])
+    if has_tests:
+        outcome = run_program(program(example, prediction))
+        metrics["passed"] = outcome.passed
+        metrics["test_status"] = outcome.status
+    return metrics
+
+
+def record_of(example, name, completion, prompt, measurement, model, has_tests) -> dict:
+    stats: Stats = completion.stats
+    s = stats.to_dict()
+    for key in PER_TOKEN_LISTS:
+        s.pop(key, None)
+    return {
+        "id": str(example["id"]),
+        "method": name,
+        "prediction": completion.text,
+        "target": example["gt"],
+        "metrics": evaluate(example, completion.text, has_tests),
+        "stats": s,
+        "compute_per_token": compute_per_token(stats, model),
+        "energy_j": measurement.joules,
+        "energy_source": measurement.source,
+        "energy_formula": measurement.formula,
+        "fim": prompt.fim,
+        "prompt_truncated": prompt.truncated,
+    }
+
+
+def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter, config: dict,
+              context_budget: int = 1024, progress: bool = True) -> list[dict]:
+    """Run what examples.jsonl lacks; return every result of these methods on these examples."""
+    out = Path(out)
+    check_run(out, config)
+    done = {(r["id"], r["method"]) for r in read_results(out)}
+    methods = {name: make_method(name, model) for name in method_names}
+    pending = [(ex, name) for ex in dataset.examples for name in method_names if (str(ex["id"]), name) not in done]
+    if pending:
+        _warm_up(model, methods, dataset, context_budget)
+    with open(out / EXAMPLES, "a", encoding="utf-8") as sink, _progress(len(pending), progress) as bar:
+        last = None
+        for example, name in pending:
+            key = str(example["id"])
+            if key != last:  # pending is ordered by example: one prompt per example
+                prompt = build_prompt(model.tokenizer, example["input"], example.get("suffix"), context_budget)
+                last = key
+            with meter.measure() as m:
+                completion = methods[name].generate(model, prompt.ids, dataset.params)
+            record = record_of(example, name, completion, prompt, m, model, dataset.has_tests)
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            bar(f"{key} {name}")
+    ids = {str(ex["id"]) for ex in dataset.examples}
+    return [r for r in read_results(out) if r["id"] in ids and r["method"] in methods]
+
+
+def _warm_up(model, methods, dataset, context_budget) -> None:
+    example = dataset.examples[0]
+    prompt = build_prompt(model.tokenizer, example["input"], example.get("suffix"), context_budget)
+    params = dataclasses.replace(dataset.params, max_new_tokens=min(WARMUP_TOKENS, dataset.params.max_new_tokens))
+    for method in methods.values():
+        method.generate(model, prompt.ids, params)
+
+
+class _progress:
+    """A rich progress bar on stderr (or nothing); calling it advances by one."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled and total > 0
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeRemainingColumn(), console=Console(stderr=True))
+            self.bar.__enter__()
+            self.task = self.bar.add_task("bench", total=self.total)
+        return self
+
+    def __call__(self, description: str) -> None:
+        if self.enabled:
+            self.bar.update(self.task, advance=1, description=description[-48:])
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.__exit__(*exc)

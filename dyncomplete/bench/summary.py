@@ -1,0 +1,92 @@
+"""Per-method aggregates of a run's results: the numbers of summary.json and report.md.
+
+Times, tokens and energy are summed over examples; EM, ES, pass@1 are percentages (0-100),
+ROUGE-L a mean F-measure (0-1), BLEU sacrebleu's corpus BLEU. Speedups and the identical share
+compare a method with `baseline` on the examples both completed in this run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .metrics import corpus_bleu
+
+BASELINE = "baseline"
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def summarize_method(rows: list[dict], baseline: dict[str, dict]) -> dict:
+    stats = [r["stats"] for r in rows]
+    total = lambda key: sum(s[key] for s in stats)  # noqa: E731
+    new_tokens, decode_s = total("new_tokens"), total("decode_s")
+    energy = sum(r["energy_j"] for r in rows)
+    entry = {
+        "n": len(rows),
+        "em": _mean(r["metrics"]["em"] for r in rows),
+        "es": _mean(r["metrics"]["es"] for r in rows),
+        "rouge_l": _mean(r["metrics"]["rouge_l"] for r in rows),
+        "bleu": corpus_bleu([r["prediction"] for r in rows], [r["target"] for r in rows]),
+    }
+    if rows and "passed" in rows[0]["metrics"]:
+        entry["pass_at_1"] = 100.0 * _mean(r["metrics"]["passed"] for r in rows)
+    entry.update({
+        "prompt_tokens": total("prompt_tokens"),
+        "new_tokens": new_tokens,
+        "prefill_s": total("prefill_s"),
+        "decode_s": decode_s,
+        "total_s": total("total_s"),
+        "tokens_per_s": _ratio(new_tokens, decode_s),
+        "decode_ms_per_token": _ratio(1000 * decode_s, new_tokens),
+        "layer_evals_per_token": _ratio(total("layer_evals"), new_tokens),
+        "compute_per_token": _ratio(sum(r["compute_per_token"] * r["stats"]["new_tokens"] for r in rows), new_tokens),
+        "energy_j": energy,
+        "energy_j_per_token": _ratio(energy, new_tokens),
+        "energy_source": rows[0]["energy_source"] if rows else None,
+    })
+    common = [r for r in rows if r["id"] in baseline]
+    base = [baseline[r["id"]]["stats"] for r in common]
+    mine = [r["stats"] for r in common]
+    entry["speedup_vs_baseline"] = _ratio(sum(s["decode_s"] for s in base), sum(s["decode_s"] for s in mine))
+    entry["e2e_speedup_vs_baseline"] = _ratio(sum(s["total_s"] for s in base), sum(s["total_s"] for s in mine))
+    entry["identical_to_baseline"] = _mean(r["prediction"] == baseline[r["id"]]["prediction"] for r in common)
+    drafted = total("drafted")
+    if drafted:
+        entry["acceptance_rate"] = total("accepted") / drafted
+        entry["mean_accepted_length"] = _ratio(new_tokens, total("verify_steps"))
+        entry["acceptance_per_position"] = _per_position(stats)
+    entry["stopped_by"] = dict(sorted(_count(s["stopped_by"] for s in stats).items()))
+    return entry
+
+
+def _per_position(stats: list[dict]) -> list[float]:
+    drafted, accepted = defaultdict(int), defaultdict(int)
+    for s in stats:
+        for pos, (d, a) in enumerate(zip(s["drafted_per_position"], s["accepted_per_position"])):
+            drafted[pos] += d
+            accepted[pos] += a
+    return [accepted[p] / drafted[p] for p in sorted(drafted) if drafted[p]]
+
+
+def _count(values) -> dict:
+    counts = defaultdict(int)
+    for v in values:
+        counts[v] += 1
+    return counts
+
+
+def summarize(records: list[dict], methods: list[str], header: dict) -> dict:
+    """summary.json: the run's header (model, dataset, n, ...) and one entry per method."""
+    by_method = defaultdict(list)
+    for r in records:
+        by_method[r["method"]].append(r)
+    baseline = {r["id"]: r for r in by_method.get(BASELINE, [])}
+    n = len({r["id"] for r in records})
+    return {**header, "n": n, "methods": {m: summarize_method(by_method[m], baseline) for m in methods if by_method[m]}}

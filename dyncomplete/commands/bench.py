@@ -1,0 +1,89 @@
+"""`dyncomplete bench`: run decoding methods side by side on a dataset; write examples.jsonl,
+summary.json, report.md and plots to --out (rerun the same command to resume)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ._common import add_model_options, load_from_args
+
+
+def method_list(methods: str, sweeps: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """Names from --methods (split on commas only) and --sweep FAMILY@T1,T2 (FAMILY = the text
+    before the last '@'), baseline first and always; also each sweep's family -> its names."""
+    names = ["baseline"] + [m.strip() for m in methods.split(",") if m.strip()]
+    families: dict[str, list[str]] = {}
+    for spec in sweeps:
+        family, _, thresholds = spec.rpartition("@")
+        values = [t.strip() for t in thresholds.split(",") if t.strip()]
+        if not family or not values:
+            raise ValueError(f"--sweep takes FAMILY@T1,T2,..., e.g. early-exit:confidence@0.5,0.7,0.9; got {spec!r}")
+        families[family] = [f"{family}@{t}" for t in values]
+        names += families[family]
+    return list(dict.fromkeys(names)), families
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(args) -> int:
+    import torch
+
+    from ..bench.datasets import load_dataset
+    from ..bench.plots import plot_sweeps, plot_tradeoff
+    from ..bench.report import render
+    from ..bench.runner import run_bench
+    from ..bench.summary import summarize
+    from ..energy import open_meter
+
+    names, sweeps = method_list(args.methods, args.sweep or [])
+    dataset = load_dataset(args.dataset, args.limit)
+    model = load_from_args(args)
+    meter = open_meter(args.device)
+    out = Path(args.out)
+    dtype = str(model.dtype).removeprefix("torch.")
+    config = {"model": model.name, "dataset": dataset.name, "dtype": dtype, "device": args.device,
+              "context_budget": args.context_budget}
+    records = run_bench(model, dataset, names, out, meter, config, args.context_budget, progress=not args.no_progress)
+    header = {**config, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
+              "threads": torch.get_num_threads(), "energy_source": meter.source, "energy_formula": meter.formula,
+              "dataset_notes": dataset.notes, "sweeps": sweeps}
+    summary = summarize(records, names, header)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plots = [plot_tradeoff(summary, "decode_ms_per_token", out / "quality_vs_time.png").name,
+             plot_tradeoff(summary, "energy_j_per_token", out / "quality_vs_energy.png").name]
+    if sweeps:
+        plots.append(plot_sweeps(summary, sweeps, out / "sweep.png").name)
+    report = render(summary, plots)
+    (out / "report.md").write_text(report)
+    print(json.dumps(summary, indent=2) if args.json else report)
+    print(f"dyncomplete: results in {out}/", file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="compare decoding methods on a dataset (quality, speed, energy)")
+    add_model_options(p)
+    p.add_argument("--dataset", required=True,
+                   help="line-py, humaneval, humaneval-sl, humaneval-ml, or a CodeXGLUE-style .jsonl file")
+    p.add_argument("--methods", default="baseline",
+                   help="comma-separated method names, e.g. baseline,hf-generate (baseline is always run)")
+    p.add_argument("--sweep", action="append", metavar="FAMILY@T1,T2,...",
+                   help="add FAMILY@T for each threshold and plot the family as a curve (repeatable)")
+    p.add_argument("--limit", type=int, default=None, help="first N examples (line-py: default 200)")
+    p.add_argument("--out", required=True, help="folder for the results; an existing run there is resumed")
+    p.add_argument("--context-budget", type=int, default=1024, help="prompt tokens kept")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the report")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
