@@ -1,0 +1,78 @@
+"""The model worker without HTTP: a deadline stops a generation, a job cancelled while queued
+never reaches the model, and a bad method is refused without stopping the thread."""
+
+import threading
+import time
+
+import pytest
+
+from dyncomplete.decoding import GenerationParams
+from dyncomplete.serve.prefix_cache import PrefixCache
+from dyncomplete.serve.worker import Busy, Job, Worker
+
+
+def run_jobs(worker, jobs):
+    """Submit jobs, wait for each one's final event, return them in order."""
+    finals, done = {}, threading.Event()
+
+    def sink(i):
+        def emit(event):
+            if event[0] in ("done", "error"):
+                finals[i] = event
+                if len(finals) == len(jobs):
+                    done.set()
+        return emit
+
+    for i, job in enumerate(jobs):
+        job.emit = sink(i)
+        worker.submit(job)
+    assert done.wait(300)
+    return [finals[i] for i in range(len(jobs))]
+
+
+def job(prompt="def f(x):\n", n=64, method="baseline", deadline_s=300.0, client=None):
+    return Job(prompt, None, GenerationParams(max_new_tokens=n), method, True, client, time.perf_counter() + deadline_s,
+               lambda e: None)
+
+
+@pytest.fixture(scope="module")
+def worker(smollm):
+    w = Worker(smollm, "baseline", queue_size=3, context_budget=256, prefix_cache=PrefixCache(2**26))
+    w.start()
+    yield w
+    w.stop()
+
+
+def test_deadline_stops_the_generation(worker):
+    (kind, result), = run_jobs(worker, [job(deadline_s=0.5)])
+    assert kind == "done" and result["stats"]["stopped_by"] == "timeout"
+    assert result["completion"].stats.new_tokens < 64
+
+
+def test_cancelled_in_queue_and_bad_method(worker):
+    first, queued, bad = job(n=3), job(n=3), job(n=3, method="baseline:nonsense")
+    queued.cancel("superseded")
+    results = run_jobs(worker, [first, queued, bad])
+    assert results[0][0] == "done"
+    assert results[1][0] == "error" and results[1][1].status == 409 and results[1][1].code == "superseded"
+    assert results[2][0] == "error" and results[2][1].status == 400 and "no argument" in results[2][1].message
+    assert worker.status()["skipped_superseded"] == 1
+
+
+def test_queue_bound_and_supersede(worker):
+    hold = job(n=200, client="c")
+    worker.submit(hold)
+    while worker.current is not hold:
+        time.sleep(0.01)
+    newer = job(n=2, client="c")
+    worker.submit(newer)  # the same client: the running generation is superseded
+    assert hold.cancelled() and hold.reason == "superseded"
+    accepted = 1
+    with pytest.raises(Busy):
+        for _ in range(10):
+            worker.submit(job(n=1))
+            accepted += 1
+    assert accepted <= 3 + 1  # the queue's bound (plus one the worker may have taken meanwhile)
+    while worker.current is not None or worker.status()["queued"]:
+        time.sleep(0.05)
+    assert worker.status()["stopped_superseded"] >= 1
