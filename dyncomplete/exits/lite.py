@@ -1,0 +1,62 @@
+"""LITE (GREEN-CODE's alternative to translators): fine-tune the model itself, with LoRA, so that
+every exit layer decodes through the one final norm and LM head.
+
+Loss = sum over exit layers e of w_e * next-token cross-entropy of head(final_norm(h_e)), with
+weights 0.7 spread over the exit layers in the first half of the model, 0.2 over those in the
+second half and 0.1 for the last layer, each spread decaying geometrically (r = 0.9).
+"""
+
+from __future__ import annotations
+
+import torch
+from tqdm import tqdm
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lite_weights(layers, num_layers: int, r: float = 0.9) -> dict[int, float]:
+    """Exit layer (or num_layers for the last) -> loss weight; the weights sum to 1."""
+    first = [e for e in layers if e <= num_layers // 2]
+    second = [e for e in layers if num_layers // 2 < e < num_layers]
+    weights = {}
+    for group, total in ((first, 0.7), (second, 0.2)):
+        raw = [r**k for k in range(len(group))]
+        weights.update({e: total * w / sum(raw) for e, w in zip(group, raw)})
+    weights[num_layers] = 0.1 if weights else 1.0
+    scale = sum(weights.values())  # renormalise when a half has no exit layer
+    return {e: w / scale for e, w in weights.items()}
+
+
+def lite_loss(model, ids: torch.Tensor, weights: dict[int, float]) -> torch.Tensor:
+    """Weighted next-token loss of every weighted layer on one (1, n) chunk."""
+    ctx = model.context(torch.arange(ids.shape[1]))
+    h = model.embed(ids, ctx)
+    target = ids[0, 1:]
+    loss = h.new_zeros((), dtype=torch.float32)
+    for i in range(model.num_layers):
+        h = model.run_layer(i, h, ctx, None)
+        if i + 1 in weights:
+            logits = model.head(model.final_norm(h[0, :-1])).float()
+            loss = loss + weights[i + 1] * torch.nn.functional.cross_entropy(logits, target)
+    return loss
+
+
+def train_lite(model, layers, chunks, steps: int, lr: float = 2e-4, rank: int = 8, progress: bool = True):
+    """Wrap the model's decoder in LoRA adapters (in place) and train them; returns the peft
+    model and the loss of every step."""
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(model.hf, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS))
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr)
+    weights = lite_weights(layers, model.num_layers)
+    losses = []
+    peft_model.train()
+    for step in tqdm(range(steps), desc="lite", disable=not progress):
+        loss = lite_loss(model, torch.tensor([chunks[step % len(chunks)]]), weights)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    peft_model.eval()
+    return peft_model, losses
