@@ -50,8 +50,8 @@ def plot_tradeoff(summary: dict, cost: str, path: Path) -> Path:
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
         front = pareto_front(points)
         if front:
-            ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "--", color="tab:red",
-                    label="Pareto front", zorder=2)
+            ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "--o", color="tab:red",
+                    markerfacecolor="none", markersize=11, label="Pareto front", zorder=2)
             ax.legend(loc="lower right", fontsize=8)
         _axes(ax, cost, quality)
     return _save(fig, f"{summary['model']} on {summary['dataset']} (n={summary['n']}, {summary['dtype']})", path)
