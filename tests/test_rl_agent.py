@@ -58,3 +58,12 @@ def test_exported_actor_matches_sb3_and_round_trips(tmp_path):
     net.save(tmp_path / "agent.safetensors", {"note": "test"})
     torch.testing.assert_close(AgentNet.load(tmp_path / "agent.safetensors").p_exit(obs), want)
     assert net.macs() == 5 * 8 + 8 * 8 + 8 * 2 + 2 * 5
+
+
+def test_batched_scores_equal_single_decisions(trained):
+    data, net, _ = trained
+    policy = RLPolicy(0.5, net, data.num_layers)
+    hidden = torch.from_numpy(data.hidden[:, 1].astype(np.float32)) * 3.0  # scale is normalised away
+    single = torch.tensor([policy.p_exit(4, h) for h in hidden])
+    torch.testing.assert_close(policy.scores(4, hidden), single)
+    torch.testing.assert_close(single, torch.from_numpy(exit_probabilities(net, data)[:, 1]), atol=1e-3, rtol=0)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dyncomplete.decoding import GenerationParams
-from dyncomplete.exits.collect import SKIP, code_chunks
+from dyncomplete.exits.collect import SKIP, code_chunks, collect
 from dyncomplete.exits.heads import lens_heads
 from dyncomplete.exits.rl.data import precompute
 from dyncomplete.methods import make_method
@@ -31,11 +31,12 @@ def test_threshold_one_never_exits_and_zero_always_does(smollm):
 @pytest.mark.slow
 def test_precompute_aligns_predictions_and_next_tokens(smollm):
     heads = lens_heads(smollm, [10, 20])
-    data = precompute(smollm, heads, "train", tokens=1, chunk=64)  # one chunk
-    ids = code_chunks(smollm.tokenizer, "train", 1, 64, seed=1)[0]
+    ids = code_chunks(smollm.tokenizer, "train", 1, 64, seed=1)[0]  # twice: a chunk boundary inside
+    data = precompute(smollm, heads, collect(smollm, heads.layers, [ids, ids]), chunk=64)
     logits = smollm.forward(torch.tensor(ids), last_only=False)[0, SKIP:]
-    assert data.hidden.shape == (len(ids) - SKIP, 2, smollm.hidden_size)
-    assert data.final_preds.tolist() == logits.argmax(-1).tolist()
-    assert data.truth[:-1].tolist() == ids[SKIP + 1:] and data.truth[-1] == -1
+    n = len(ids) - SKIP
+    assert data.hidden.shape == (2 * n, 2, smollm.hidden_size)
+    assert data.final_preds.tolist() == 2 * logits.argmax(-1).tolist()
+    assert data.truth.tolist() == 2 * (ids[SKIP + 1:] + [-1])  # no next token at a chunk's end
     rms = torch.from_numpy(data.hidden).float().pow(2).mean(-1).sqrt()
     torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-2, rtol=0)

@@ -17,7 +17,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from ...models.registry import cache_root
-from ..collect import SKIP, code_chunks, collect
+from ..collect import SKIP, Collected, code_chunks, collect
 from .reward import optimal_exits
 
 TARGETS = ("final", "ground-truth")
@@ -76,24 +76,36 @@ class ExitData:
         return cls(a["hidden"], a["exit_preds"], a["final_preds"], a["truth"], layers[:-1], layers[-1])
 
 
-def precompute(model, heads, split: str = "train", tokens: int = 8000, chunk: int = 384, seed: int = 1,
-               batch: int = 512) -> ExitData:
-    """Run the model once over chunks of the split (`collect`, shared with the head trainers; a
-    seed other than theirs draws mostly other code than the heads were fitted on), then each
-    exit head over the stored hidden states."""
+def model_states(model, split: str, tokens: int, chunk: int = 384, seed: int = 1, refresh: bool = False) -> Collected:
+    """One pass of the model over chunks of the split (`collect`, shared with the head trainers),
+    keeping every layer 1..L-1, cached on disk: new heads then cost only their own evaluation.
+    A seed other than the head trainers' draws mostly other code than the heads were fitted on."""
+    dtype = str(model.dtype).removeprefix("torch.")
+    key = f"{(model.source_sha256 or model.name)[:12]}-{dtype}-{split}-{tokens}-{chunk}-{seed}"
+    path = cache_root() / "rl" / f"states-{key}.pt"
+    if path.is_file() and not refresh:
+        return Collected(**torch.load(path))
     chunks = code_chunks(model.tokenizer, split, tokens, chunk, seed)
-    c = collect(model, heads.layers, chunks)
+    states = collect(model, range(1, model.num_layers), chunks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(vars(states), path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return states
+
+
+def precompute(model, heads, states: Collected, chunk: int = 384, batch: int = 512) -> ExitData:
+    """Each exit head over the stored hidden states of `model_states(..., chunk)`."""
     hidden, preds = [], []
     with torch.inference_mode():
         for e in heads.layers:
-            h = c.hidden[e].to(model.dtype)
+            h = states.hidden[e].to(model.dtype)
             hidden.append(normalise(h).half())
             preds.append(torch.cat([heads.logits(e, h[i:i + batch]).argmax(-1) for i in range(0, len(h), batch)]))
     # the next token of each position; unknown (-1) at the last position of every chunk
-    truth = torch.cat([c.input_ids[1:], c.input_ids.new_full((1,), -1)])
-    truth[torch.cumsum(torch.tensor([len(ids) - SKIP for ids in chunks]), 0) - 1] = -1
+    truth = torch.cat([states.input_ids[1:], states.input_ids.new_full((1,), -1)])
+    truth[chunk - SKIP - 1::chunk - SKIP] = -1
     return ExitData(torch.stack(hidden, 1).numpy(), torch.stack(preds, 1).int().numpy(),
-                    c.top_ids[:, 0].int().numpy(), truth.int().numpy(), list(heads.layers), model.num_layers)
+                    states.top_ids[:, 0].int().numpy(), truth.int().numpy(), list(heads.layers), model.num_layers)
 
 
 def heads_key(heads) -> str:
@@ -112,6 +124,6 @@ def cached(model, heads, split: str, tokens: int, refresh: bool = False) -> Exit
     path = cache_root() / "rl" / f"{key}.safetensors"
     if path.is_file() and not refresh:
         return ExitData.load(path)
-    data = precompute(model, heads, split, tokens)
+    data = precompute(model, heads, model_states(model, split, tokens, refresh=refresh))
     data.save(path)
     return data
