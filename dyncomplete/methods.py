@@ -15,9 +15,11 @@ from .decoding import Baseline, DecodingMethod
 Factory = Callable[[str, object], DecodingMethod]  # (argument after "FAMILY:", model) -> method
 
 _FACTORIES: dict[str, Factory] = {}
+_WRAPPERS: dict[str, Callable] = {}
 
 # Modules that register method families when imported (kept lazy: they may pull in heavy code).
-PLUGIN_MODULES: list[str] = ["dyncomplete.decoding.hf_generate", "dyncomplete.decoding.early_exit"]
+PLUGIN_MODULES: list[str] = ["dyncomplete.decoding.hf_generate", "dyncomplete.decoding.early_exit",
+                              "dyncomplete.exits.stop_rule"]
 
 
 def register(family: str, factory: Factory) -> None:
@@ -34,9 +36,22 @@ def families() -> list[str]:
     return sorted(_FACTORIES)
 
 
+def register_wrapper(family: str, factory: Callable[[str, object, DecodingMethod], DecodingMethod]) -> None:
+    """A family written `METHOD+FAMILY:ARG` that wraps any method (e.g. the `+stop:T` rule)."""
+    _WRAPPERS[family] = factory
+
+
 def make_method(name: str, model) -> DecodingMethod:
     """Build the method called `name` for `model`; ValueError with the known families otherwise."""
     _load_plugins()
+    inner, plus, wrapper = name.rpartition("+")
+    if plus:
+        family, _, arg = wrapper.partition(":")
+        if family not in _WRAPPERS:
+            raise ValueError(f"unknown wrapper {family!r} in {name!r}: known are {', '.join(sorted(_WRAPPERS))}")
+        method = _WRAPPERS[family](arg, model, make_method(inner, model))
+        method.name = name
+        return method
     family, _, arg = name.partition(":")
     if family not in _FACTORIES:
         raise ValueError(f"unknown method {name!r}: known families are {', '.join(sorted(_FACTORIES))}")

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from ..bench.splits import source_files
 from ..models.registry import cache_root
 
+CHUNK = 384  # tokens per chunk
 SKIP = 16  # first positions of a chunk: attention-sink states unlike those of a long prompt
 
 
@@ -32,7 +33,7 @@ class Collected:
         return len(self.top_ids)
 
 
-def code_chunks(tokenizer, split: str, tokens: int, chunk: int = 384, seed: int = 0) -> list[list[int]]:
+def code_chunks(tokenizer, split: str, tokens: int, chunk: int = CHUNK, seed: int = 0) -> list[list[int]]:
     """Chunks of `chunk` tokens, one from each of shuffled files of the split, until `tokens`."""
     files = source_files(split=split)
     random.Random(seed).shuffle(files)
