@@ -80,17 +80,21 @@ def train_classifier(heads: ExitHeads, data: Collected, steps: int = 300, batch:
     for e in tqdm(heads.layers, desc="train classifiers", disable=not progress):
         with torch.inference_mode():
             x = features(heads.model, data.hidden[e].to(heads.model.dtype)).clone()
-        y = labels[e].float()
-        mlp = new_mlp(heads.model.hidden_size)
-        opt = torch.optim.Adam(mlp.parameters(), lr=1e-3, weight_decay=1e-4)
-        for _ in range(steps):
-            idx = torch.randint(len(y), (batch,))
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(mlp(x[idx])[:, 0], y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        mlps[e] = mlp.requires_grad_(False)
+        mlps[e] = fit_mlp(x, labels[e].float(), steps, batch)
     return mlps
+
+
+def fit_mlp(x: torch.Tensor, y: torch.Tensor, steps: int, batch: int) -> torch.nn.Module:
+    """A binary classifier on rows of x (logistic loss, Adam on random mini-batches)."""
+    mlp = new_mlp(x.shape[1])
+    opt = torch.optim.Adam(mlp.parameters(), lr=1e-3, weight_decay=1e-4)
+    for _ in range(steps):
+        idx = torch.randint(len(y), (batch,))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(mlp(x[idx])[:, 0], y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return mlp.requires_grad_(False)
 
 
 def save_classifier(model, mlps, path: Path, meta: dict) -> Path:

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from ..decoding.baseline import DecodingMethod
 from ..methods import register_wrapper
-from .classifier import WIDTH, new_mlp
+from .classifier import WIDTH, fit_mlp, new_mlp
 from .collect import CHUNK, SKIP, Collected
 from .heads import default_path
 
@@ -38,16 +38,7 @@ def train_stop_rule(data: Collected, steps: int = 400, batch: int = 512, seed: i
                     chunk: int = CHUNK) -> torch.nn.Module:
     torch.manual_seed(seed)
     idx, wrong = wrong_labels(data, chunk)
-    x, y = data.final_normed[idx].float(), wrong.float()
-    mlp = new_mlp(x.shape[1])
-    opt = torch.optim.Adam(mlp.parameters(), lr=1e-3, weight_decay=1e-4)
-    for _ in range(steps):
-        b = torch.randint(len(y), (batch,))
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(mlp(x[b])[:, 0], y[b])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return mlp.requires_grad_(False)
+    return fit_mlp(data.final_normed[idx].float(), wrong.float(), steps, batch)
 
 
 def save_stop_rule(model, mlp, path: Path, meta: dict) -> Path:
