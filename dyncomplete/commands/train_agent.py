@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from pathlib import Path
 
 from ._common import add_model_options, load_from_args
@@ -22,6 +23,7 @@ def run(args) -> int:
     from ..exits.rl.reward import RewardConfig
     from ..exits.rl.train import evaluate, plot_curve, stderr_log, train
 
+    start = time.perf_counter()
     model = load_from_args(args)
     heads = load_heads(model, args.heads)
     stderr_log(f"exit heads: {heads.kind} at layers {heads.layers}")
@@ -37,7 +39,8 @@ def run(args) -> int:
         "target": args.target, "reward": vars(cfg), "timesteps": args.timesteps, "seed": args.seed,
         "data": f"{len(train_data)} train-split tokens of the Python standard library; "
                 f"evaluation on {len(calib_data)} calib-split tokens",
-        "train_seconds": round(seconds, 1), "final_mean_reward": curve[-1][1] if curve else None,
+        "train_seconds": round(seconds, 1), "total_seconds": round(time.perf_counter() - start, 1),
+        "final_mean_reward": curve[-1][1] if curve else None,
         "decision_macs": net.macs(), "calib": rows, "date": datetime.date.today().isoformat(),
     }
     net.save(out, meta)
@@ -45,7 +48,7 @@ def run(args) -> int:
     plot_curve(curve, plot, f"{model.name}: PPO exit agent, target {args.target}, "
                             f"alpha/beta/gamma {cfg.alpha}/{cfg.beta}/{cfg.gamma}")
     print(json.dumps({"agent": str(out), "plot": str(plot), **{k: meta[k] for k in
-                      ("train_seconds", "final_mean_reward", "decision_macs", "calib")}}, indent=1))
+                      ("train_seconds", "total_seconds", "final_mean_reward", "decision_macs", "calib")}}, indent=1))
     return 0
 
 
@@ -59,8 +62,8 @@ def register(sub) -> None:
     p.add_argument("--beta", type=float, default=0.5, help="penalty per layer of exiting too early (paper: 0.5 Python, 1 Java)")
     p.add_argument("--gamma", type=float, default=0.5, help="penalty per layer of going too deep")
     p.add_argument("--timesteps", type=int, default=300_000, help="PPO environment steps")
-    p.add_argument("--tokens", type=int, default=8_000, help="train-split tokens to precompute")
-    p.add_argument("--calib-tokens", type=int, default=2_000, help="held-out calib-split tokens for the figures")
+    p.add_argument("--tokens", type=int, default=4_000, help="train-split tokens to precompute")
+    p.add_argument("--calib-tokens", type=int, default=1_000, help="held-out calib-split tokens for the figures")
     p.add_argument("--refresh", action="store_true", help="recompute the cached hidden states")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="agent file (default: the shipped location, dyncomplete/assets/MODEL/agent.safetensors)")
