@@ -19,7 +19,7 @@ _WRAPPERS: dict[str, Callable] = {}
 
 # Modules that register method families when imported (kept lazy: they may pull in heavy code).
 PLUGIN_MODULES: list[str] = ["dyncomplete.decoding.hf_generate", "dyncomplete.decoding.early_exit",
-                              "dyncomplete.exits.stop_rule"]
+                              "dyncomplete.exits.stop_rule", "dyncomplete.decoding.speculative"]
 
 
 def register(family: str, factory: Factory) -> None:
@@ -45,7 +45,8 @@ def make_method(name: str, model) -> DecodingMethod:
     """Build the method called `name` for `model`; ValueError with the known families otherwise."""
     _load_plugins()
     inner, plus, wrapper = name.rpartition("+")
-    if plus:
+    # a family may have "+" in its name (lookup+self): a wrapper only if "+X" names one or nothing else fits
+    if plus and (wrapper.partition(":")[0] in _WRAPPERS or name.partition(":")[0] not in _FACTORIES):
         family, _, arg = wrapper.partition(":")
         if family not in _WRAPPERS:
             raise ValueError(f"unknown wrapper {family!r} in {name!r}: known are {', '.join(sorted(_WRAPPERS))}")

@@ -1,0 +1,243 @@
+"""Proposers: cheap ways of drafting the next tokens, one class each, behind one interface.
+
+- `LookupProposer`: n-gram (prompt) lookup in the prompt and the text generated so far; costs
+  nothing to propose, its length follows the evidence (match length, acceptance so far).
+- `SelfDraftProposer`: the model's own first E layers + an exit head over a reduced vocabulary;
+  the drafted positions' keys/values for layers 0..E-1 stay in the cache and their layer-E hidden
+  states go to verification, which runs only layers E..L-1 (LayerSkip's KV sharing).
+- `DraftModelProposer`: a separate smaller model with the same tokenizer and its own cache.
+- `LookupThenSelf`: n-gram drafts where the context has a match, self-drafts otherwise.
+
+The decode loop calls `begin` once per request, then per step `propose` (the context is prompt +
+emitted tokens; its last token sits at `position` and is not in the cache yet) and `feedback`.
+Work done while drafting is added to the request's `Stats` here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..energy.work import full_pass_macs, head_macs, layer_macs
+from .api import sampling_probs
+from .draft_control import AcceptanceTracker, ExitLayerController, best_length
+from .verify import Draft
+
+VERIFY_COST = 0.1  # wall time of one extra verified position, relative to one decode step (CPU)
+PROBE_EVERY = 4  # a match whose drafts do not pay still drafts one token every 4th time
+
+
+class Proposer:
+    name = "proposer"
+
+    def begin(self, model, prompt_ids: list[int], params, generator, stats) -> None:
+        self.params, self.generator, self.stats = params, generator, stats
+
+    def propose(self, model, cache, context: list[int], position: int) -> Draft:
+        raise NotImplementedError
+
+    def feedback(self, draft: Draft, accepted: int) -> None:
+        """How many of the draft's tokens verification accepted."""
+
+
+class LookupProposer(Proposer):
+    """Prompt lookup decoding: find the latest earlier occurrence of the context's last n tokens
+    (longest n first) and draft what followed it. One acceptance tracker per match length sets
+    the draft length by expected tokens per unit of verification work."""
+
+    name = "lookup"
+
+    def __init__(self, max_draft: int = 10, max_ngram: int = 3, min_ngram: int = 1, verify_cost: float = VERIFY_COST):
+        self.max_draft = max_draft
+        self.sizes = list(range(max_ngram, min_ngram - 1, -1))
+        self.verify_cost = verify_cost
+        self.trackers = {n: AcceptanceTracker(max_draft) for n in self.sizes}  # kept across requests
+        self.unprofitable = {n: 0 for n in self.sizes}
+
+    def begin(self, model, prompt_ids, params, generator, stats):
+        super().begin(model, prompt_ids, params, generator, stats)
+        self.index: dict[tuple, int] = {}  # n-gram -> index of the token that followed it (latest)
+        self.indexed = 1
+        self.matched = 0
+
+    def _extend_index(self, context: list[int]) -> None:
+        for i in range(self.indexed, len(context)):
+            for n in self.sizes:
+                if i >= n:
+                    self.index[tuple(context[i - n : i])] = i
+        self.indexed = len(context)
+
+    def propose(self, model, cache, context, position):
+        self._extend_index(context)  # continuations before the last token: never the suffix itself
+        self.matched = 0
+        for n in self.sizes:
+            start = self.index.get(tuple(context[-n:])) if len(context) >= n else None
+            if start is not None:
+                self.matched = n
+                break
+        if not self.matched:
+            return Draft([], source=self.name)
+        k, _ = best_length(self.trackers[self.matched].rates(), self.verify_cost, self.max_draft)
+        if k == 0:  # not worth it by the evidence so far; probe one token now and then to update it
+            self.unprofitable[self.matched] += 1
+            k = int(self.unprofitable[self.matched] % PROBE_EVERY == 0)
+        return Draft(context[start : start + k], source=self.name)
+
+    def feedback(self, draft, accepted):
+        if draft.tokens:
+            self.trackers[self.matched].update(len(draft.tokens), accepted)
+
+
+class SelfDraftProposer(Proposer):
+    """Draft with the model's first E layers and exit head E over a shortlist of token ids (the
+    lowest BPE ranks, i.e. the earliest, most frequent merges, plus every token of the context);
+    a token outside the shortlist simply cannot be drafted. The head is the costly part of a small
+    model (design.md section 4), so the shortlist cuts the draft cost several-fold.
+
+    Fixed mode: exit layer `layer`, `max_draft` tokens. Dynamic mode (`controller`): the
+    controller picks layer and length per step, and `stop` may end a draft early."""
+
+    name = "self"
+
+    def __init__(self, heads, layer: int | None = None, max_draft: int = 4, stop=None,
+                 controller: ExitLayerController | None = None, shortlist: int = 4096):
+        if controller is None and layer not in heads.layers:
+            raise ValueError(f"exit layer {layer} has no head; heads exist for layers {heads.layers}")
+        self.heads = heads
+        self.layer = layer
+        self.max_draft = max_draft
+        self.stop = stop
+        self.controller = controller
+        self.shortlist_size = shortlist
+
+    def begin(self, model, prompt_ids, params, generator, stats):
+        super().begin(model, prompt_ids, params, generator, stats)
+        base = range(min(self.shortlist_size, model.vocab_size))
+        self.in_list = set(base)
+        self.ids = list(base)
+        self.rows = model.lm_head.weight[: len(self.ids)]
+        self.seen = 0
+
+    def _grow_shortlist(self, model, context: list[int]) -> None:
+        new = [t for t in dict.fromkeys(context[self.seen :]) if t not in self.in_list and t < model.vocab_size]
+        self.seen = len(context)
+        if new:
+            self.in_list.update(new)
+            self.ids.extend(new)
+            self.rows = torch.cat([self.rows, model.lm_head.weight[new]])
+
+    def _draft_logits(self, model, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        logits = (self.heads.normed(layer, hidden).reshape(-1) @ self.rows.T).float()
+        if model.softcap is not None:
+            logits = torch.tanh(logits / model.softcap) * model.softcap
+        self.stats.extra_macs += len(self.ids) * model.hidden_size + self.heads.map_macs()
+        return logits
+
+    def propose(self, model, cache, context, position):
+        self._grow_shortlist(model, context)
+        layer, k = self.controller.choose() if self.controller else (self.layer, self.max_draft)
+        greedy = self.params.temperature == 0
+        token, hiddens, tokens, probs = context[-1], [], [], []
+        for j in range(k + 1):
+            ctx = model.context(torch.tensor([position + j]))
+            h = model.embed(torch.tensor([token]), ctx)
+            for i in range(layer):
+                h = model.run_layer(i, h, ctx, cache)
+            hiddens.append(h)
+            self.stats.layer_evals += layer
+            if j == k:
+                break
+            logits = self._draft_logits(model, layer, h)
+            if self.stop is not None and self.stop.stop(torch.softmax(logits, -1)):
+                break
+            if greedy:
+                index = int(torch.argmax(logits))
+            else:
+                q = sampling_probs(logits, self.params)
+                index = int(torch.multinomial(q, 1, generator=self.generator))
+                probs.append(torch.zeros(model.vocab_size).index_put_((torch.tensor(self.ids),), q))
+            token = self.ids[index]
+            tokens.append(token)
+        return Draft(tokens, torch.stack(probs) if probs else None, torch.cat(hiddens, dim=1), layer, self.name)
+
+    def feedback(self, draft, accepted):
+        if self.controller is not None:
+            self.controller.update(draft.start_layer, len(draft.tokens), accepted)
+
+
+def self_draft_costs(model, heads, shortlist: int, verify_cost: float = VERIFY_COST) -> dict[int, float]:
+    """Work of self-drafting one token from each exit layer, relative to one full decode step:
+    E layers + translator + shortlist head, plus the extra verified position."""
+    full = full_pass_macs(model)
+    small = shortlist * model.hidden_size + heads.map_macs()
+    return {e: (e * layer_macs(model) + small) / full + verify_cost for e in heads.layers}
+
+
+class DraftModelProposer(Proposer):
+    """A smaller model of the same tokenizer drafts `max_draft` tokens with its own KV cache,
+    which keeps every token it has seen that is still in the context (rolled back otherwise)."""
+
+    name = "draft-model"
+
+    def __init__(self, draft_model, target, max_draft: int = 4):
+        if len(draft_model.tokenizer) != len(target.tokenizer) or draft_model.vocab_size > target.vocab_size:
+            raise ValueError(f"{draft_model.name} and {target.name} do not share a tokenizer")
+        self.draft = draft_model
+        self.max_draft = max_draft
+        self.token_macs = draft_model.num_layers * layer_macs(draft_model)
+        self.head_macs = head_macs(draft_model)
+
+    def begin(self, model, prompt_ids, params, generator, stats):
+        super().begin(model, prompt_ids, params, generator, stats)
+        self.cache = self.draft.new_cache()
+        self.seen: list[int] = []
+
+    def _run(self, ids: list[int], start: int) -> torch.Tensor:
+        self.stats.extra_macs += len(ids) * self.token_macs + self.head_macs
+        return self.draft.forward(torch.tensor(ids), self.cache, start=start)[0, -1]
+
+    def propose(self, model, cache, context, position):
+        common = 0
+        limit = min(len(self.seen), len(context) - 1)  # the last token must run to give logits
+        while common < limit and self.seen[common] == context[common]:
+            common += 1
+        self.cache.crop(common)
+        logits = self._run(context[common:], common)
+        self.seen = list(context)
+        tokens, probs = [], []
+        for j in range(self.max_draft):
+            if self.params.temperature == 0:
+                token = int(torch.argmax(logits))
+            else:
+                q = sampling_probs(logits, self.params)
+                token = int(torch.multinomial(q, 1, generator=self.generator))
+                probs.append(torch.nn.functional.pad(q, (0, model.vocab_size - q.shape[0])))
+            tokens.append(token)
+            if j + 1 < self.max_draft:
+                logits = self._run([token], len(self.seen))
+                self.seen.append(token)
+        return Draft(tokens, torch.stack(probs) if probs else None, source=self.name)
+
+
+class LookupThenSelf(Proposer):
+    """n-gram lookup where the context offers a match (free), a self-draft otherwise."""
+
+    name = "lookup+self"
+
+    def __init__(self, lookup: LookupProposer, self_draft: SelfDraftProposer):
+        self.lookup, self.self_draft = lookup, self_draft
+        self.used: Proposer = lookup
+
+    def begin(self, model, prompt_ids, params, generator, stats):
+        self.lookup.begin(model, prompt_ids, params, generator, stats)
+        self.self_draft.begin(model, prompt_ids, params, generator, stats)
+
+    def propose(self, model, cache, context, position):
+        draft = self.lookup.propose(model, cache, context, position)
+        self.used = self.lookup
+        if not draft.tokens:
+            draft = self.self_draft.propose(model, cache, context, position)
+            self.used = self.self_draft
+        return draft
+
+    def feedback(self, draft, accepted):
+        self.used.feedback(draft, accepted)

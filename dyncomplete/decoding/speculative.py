@@ -1,0 +1,137 @@
+"""Lossless speculative decoding: a proposer drafts, the full model verifies in one pass.
+
+Per step: the proposer drafts k >= 0 tokens after the last emitted one; `verify.score` runs the
+model over that token and the draft at once (from the layer the draft reached); `verify.accept`
+keeps the agreeing prefix plus the model's own next token; the cache is cropped back past the
+rejected positions, in every layer. Greedy output is token-identical to `baseline` (in float32);
+sampled output has exactly its distribution.
+
+Method names (parameters after the family, see `methods.py`):
+  lookup[:K]                    n-gram lookup, at most K tokens per draft (default 10)
+  self-spec[:E[/K]]             self-draft from exit layer E, K tokens (defaults: see DEFAULT_*)
+  self-spec:dynamic[@C]         DEL-style choice of exit layer and length, confidence stop at C
+  self-spec:entropy[@H]         the same with an entropy stop at H nats (SVIP)
+  lookup+self[:E[/K]]           lookup where the context matches, self-draft otherwise
+  draft-model:ALIAS[/K]         a smaller model of the same tokenizer drafts K tokens
+"""
+
+from __future__ import annotations
+
+from .. import methods
+from ..models import load
+from .baseline import DecodingMethod
+from .draft_control import ConfidenceStop, EntropyStop, ExitLayerController
+from .proposers import (DraftModelProposer, LookupProposer, LookupThenSelf, Proposer, SelfDraftProposer,
+                        self_draft_costs)
+from .api import choose_token
+from .verify import accept, score
+
+DEFAULT_SELF_DRAFT = 4
+DEFAULT_DYNAMIC_MAX = 8
+DEFAULT_CONFIDENCE = 0.5
+DEFAULT_ENTROPY = 1.5
+DEFAULT_SHORTLIST = 4096
+
+
+class SpeculativeDecoding(DecodingMethod):
+    def __init__(self, proposer: Proposer):
+        self.proposer = proposer
+
+    def decode(self, model, prompt_ids, logits, cache, emitter, generator):
+        stats, params, depth = emitter.stats, emitter.params, model.num_layers
+        token = choose_token(logits, params, generator)
+        stats.layer_evals, stats.head_evals = depth, 1  # the prompt pass's last position
+        if emitter.emit(token, depth, "full"):
+            return
+        self.proposer.begin(model, prompt_ids, params, generator, stats)
+        try:
+            self._steps(model, prompt_ids, token, cache, emitter, generator)
+        finally:  # keep only real tokens: a caller may reuse the cache as a prefix cache
+            cache.crop(len(prompt_ids) + len(emitter.ids))
+
+    def _steps(self, model, prompt_ids, token, cache, emitter, generator):
+        stats, params, depth = emitter.stats, emitter.params, model.num_layers
+        context, position = list(prompt_ids) + [token], len(prompt_ids)
+        while True:
+            draft = self.proposer.propose(model, cache, context, position)
+            k = len(draft.tokens)
+            logits = score(model, cache, context[-1], draft, position)
+            stats.layer_evals += (k + 1) * (depth - draft.start_layer)
+            stats.head_evals += k + 1
+            accepted, next_token = accept(logits, draft, params, generator)
+            stats.record_draft(k, accepted)
+            cache.crop(position + accepted + 1)
+            self.proposer.feedback(draft, accepted)
+            emitted = draft.tokens[:accepted] + [next_token]
+            for i, t in enumerate(emitted):
+                if emitter.emit(t, depth, "draft" if i < accepted else "bonus"):
+                    return
+            context += emitted
+            position += accepted + 1
+
+
+def _split(arg: str) -> tuple[str, float | None]:
+    """'A/B@T' -> ('A/B', T)."""
+    body, _, threshold = arg.partition("@")
+    return body, float(threshold) if threshold else None
+
+
+def _ints(body: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in body.split("/")] if body else []
+    except ValueError:
+        raise ValueError(f"expected {what}, got {body!r}") from None
+
+
+def _self_draft(model, body: str, threshold: float | None) -> SelfDraftProposer:
+    from ..exits.heads import load_heads
+
+    heads = load_heads(model)
+    if body in ("dynamic", "entropy"):
+        stop = EntropyStop(threshold or DEFAULT_ENTROPY) if body == "entropy" else ConfidenceStop(
+            DEFAULT_CONFIDENCE if threshold is None else threshold)
+        candidates = [e for e in heads.layers if e >= model.num_layers // 3]
+        costs = {e: c for e, c in self_draft_costs(model, heads, DEFAULT_SHORTLIST).items() if e in candidates}
+        controller = ExitLayerController(costs, DEFAULT_DYNAMIC_MAX)
+        return SelfDraftProposer(heads, stop=stop, controller=controller, shortlist=DEFAULT_SHORTLIST)
+    if threshold is not None:
+        raise ValueError("a fixed self-draft takes no @threshold (use self-spec:dynamic@C)")
+    values = _ints(body, "EXIT_LAYER[/DRAFT_LENGTH]")
+    layer = values[0] if values else default_exit_layer(model, heads)
+    length = values[1] if len(values) > 1 else DEFAULT_SELF_DRAFT
+    return SelfDraftProposer(heads, layer, length, shortlist=DEFAULT_SHORTLIST)
+
+
+def default_exit_layer(model, heads) -> int:
+    """The exit layer nearest 3/4 of the depth (translators agree ~50-66% there, design.md)."""
+    return min(heads.layers, key=lambda e: abs(e - 0.75 * model.num_layers))
+
+
+def _lookup(arg, model):
+    body, threshold = _split(arg)
+    values = _ints(body, "MAX_DRAFT")
+    if threshold is not None or len(values) > 1:
+        raise ValueError(f"lookup takes lookup[:MAX_DRAFT], got {arg!r}")
+    return SpeculativeDecoding(LookupProposer(*values))
+
+
+def _self_spec(arg, model):
+    return SpeculativeDecoding(_self_draft(model, *_split(arg)))
+
+
+def _lookup_self(arg, model):
+    return SpeculativeDecoding(LookupThenSelf(LookupProposer(), _self_draft(model, *_split(arg))))
+
+
+def _draft_model(arg, model):
+    alias, _, length = arg.partition("/")
+    if not alias:
+        raise ValueError("draft-model needs a model: draft-model:ALIAS[/K]")
+    draft = load(alias, dtype=str(model.dtype).removeprefix("torch."), progress=lambda m: None)
+    return SpeculativeDecoding(DraftModelProposer(draft, model, *_ints(length, "DRAFT_LENGTH")))
+
+
+methods.register("lookup", _lookup)
+methods.register("self-spec", _self_spec)
+methods.register("lookup+self", _lookup_self)
+methods.register("draft-model", _draft_model)

@@ -1,0 +1,151 @@
+"""Speculative decoding is lossless: greedy output identical to `baseline` (float32) for every
+proposer on real prompts, speculative sampling keeps the sampling distribution, the cache ends
+as plain decoding leaves it, and no layer runs twice for an accepted token."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from test_baseline import stdlib_prompts
+
+from dyncomplete import methods
+from dyncomplete.decoding import Baseline, GenerationParams
+from dyncomplete.decoding.api import sampling_probs
+from dyncomplete.decoding.proposers import DraftModelProposer, LookupProposer, SelfDraftProposer
+from dyncomplete.decoding.speculative import SpeculativeDecoding
+from dyncomplete.decoding.verify import accept_sampled
+from dyncomplete.exits.heads import lens_heads, load_heads
+from dyncomplete.models import load
+
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm):
+    """50 real prompts: 49 standard-library cuts (all the helper yields) + one more, shorter cut."""
+    texts = stdlib_prompts(49) + stdlib_prompts(1, chars=200)
+    return [smollm.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+
+
+@pytest.fixture(scope="module")
+def reference(smollm, prompts):
+    return [Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=NEW_TOKENS)).token_ids for ids in prompts]
+
+
+def identical(method, model, prompts, reference):
+    stats = []
+    for ids, want in zip(prompts, reference):
+        out = method.generate(model, ids, GenerationParams(max_new_tokens=NEW_TOKENS))
+        assert out.token_ids == want, model.tokenizer.decode(ids[-30:])
+        stats.append(out.stats)
+    return stats
+
+
+@pytest.mark.parametrize("name", ["lookup", "self-spec", "self-spec:dynamic", "lookup+self"])
+def test_greedy_identical_to_baseline_on_50_prompts(name, smollm, prompts, reference):
+    assert len(prompts) == 50
+    stats = identical(methods.make_method(name, smollm), smollm, prompts, reference)
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    assert drafted > 0 and 0 < accepted <= drafted  # the proposer really drafted, and some landed
+
+
+def test_draft_model_drafting_for_itself_is_always_accepted(smollm, prompts, reference):
+    twin = load("smollm2-135m", dtype="float32", progress=lambda m: None)
+    method = SpeculativeDecoding(DraftModelProposer(twin, smollm, max_draft=4))
+    stats = identical(method, smollm, prompts, reference)
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    assert drafted > 0 and accepted / drafted > 0.97  # same weights: only float near-ties differ
+
+
+def test_cache_matches_plain_decoding_and_no_layer_runs_twice(smollm, prompts, monkeypatch):
+    ids = prompts[0]
+    params = GenerationParams(max_new_tokens=NEW_TOKENS)
+    plain = smollm.new_cache()
+    want = Baseline().generate(smollm, ids, params, cache=plain)
+    runs = []
+    real = smollm.run_layer
+    monkeypatch.setattr(smollm, "run_layer", lambda i, h, ctx, c: runs.append(h.shape[1]) or real(i, h, ctx, c))
+    cache = smollm.new_cache()
+    method = SpeculativeDecoding(SelfDraftProposer(lens_heads(smollm, [20]), 20, max_draft=3))
+    out = method.generate(smollm, ids, params, cache=cache)
+    assert out.token_ids == want.token_ids
+    s = out.stats
+    decoded = sum(runs) - len(ids) * smollm.num_layers  # layer evaluations after the prefill
+    # each step runs k+1 positions through all L layers: 20 while drafting, 10 while verifying
+    assert decoded == smollm.num_layers * (s.drafted + s.verify_steps) == s.layer_evals - smollm.num_layers
+    # every layer of the cache holds the prompt and the emitted tokens (all but the last, which
+    # plain decoding never runs either) with the keys plain decoding computed
+    n = len(ids) + len(want.token_ids) - 1
+    assert len(set(cache.lengths)) == 1 and cache.lengths[0] >= n
+    for layer in (0, 19, 20, 29):
+        assert torch.allclose(cache.keys[layer][..., :n, :], plain.keys[layer][..., :n, :], atol=1e-4)
+
+
+def markov_logits(table, first, tokens):
+    """Target logits of a toy two-step chain: row 0 = first, row i = table[tokens[i-1]]."""
+    rows = [first] + [table[t] for t in tokens]
+    return torch.stack(rows).log()
+
+
+@pytest.mark.parametrize("draft_kind", ["sampled", "point-mass"])
+def test_speculative_sampling_preserves_the_distribution(draft_kind):
+    """Two tokens from a toy chain, drafted by a different chain (or a fixed guess), accepted by
+    `accept_sampled`: their joint frequency must match the target's, temperature and top-p
+    included (chi-square, 36 cells, 12k draws; a verifier that accepted blindly fails it)."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = 6
+    params = GenerationParams(temperature=0.8, top_p=0.95)
+    p_first = torch.softmax(torch.randn(vocab, generator=gen), 0)
+    p_table = torch.softmax(torch.randn(vocab, vocab, generator=gen), 1)
+    q_first = torch.softmax(torch.randn(vocab, generator=gen), 0)
+    q_table = torch.softmax(torch.randn(vocab, vocab, generator=gen), 1)
+    target_first = sampling_probs(p_first.log(), params)
+    expected = target_first[:, None] * torch.stack([sampling_probs(p_table[a].log(), params) for a in range(vocab)])
+    counts = torch.zeros(vocab, vocab)
+    draws = 12000
+    for _ in range(draws):
+        if draft_kind == "sampled":
+            d1 = int(torch.multinomial(q_first, 1, generator=gen))
+            d2 = int(torch.multinomial(q_table[d1], 1, generator=gen))
+            probs = torch.stack([q_first, q_table[d1]])
+        else:
+            d1, d2, probs = 2, 4, None
+        logits = markov_logits(p_table, p_first, [d1, d2])
+        n, nxt = accept_sampled(logits, [d1, d2], probs, params, gen)
+        out = [d1, d2][:n] + [nxt]
+        if len(out) == 1:  # one token only: the second comes from a plain step after it
+            out.append(int(torch.multinomial(sampling_probs(p_table[out[0]].log(), params), 1, generator=gen)))
+        counts[out[0], out[1]] += 1
+    keep = expected.reshape(-1) > 0
+    observed, want = counts.reshape(-1)[keep], expected.reshape(-1)[keep] * draws
+    assert observed.sum() == draws and counts.reshape(-1)[~keep].sum() == 0  # top-p cut respected
+    assert chisquare(observed.numpy(), want.numpy() * observed.sum().item() / want.sum().item()).pvalue > 1e-3
+
+
+def test_sampled_speculation_is_reproducible_with_a_seed(smollm, prompts):
+    method = methods.make_method("lookup+self", smollm)
+    params = GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0.7, seed=3)
+    a = method.generate(smollm, prompts[1], params)
+    b = method.generate(smollm, prompts[1], params)
+    assert a.token_ids == b.token_ids and a.stats.verify_steps > 0
+
+
+def test_lookup_accepts_repeated_code_and_reports_acceptance(smollm):
+    text = "for i in range(10):\n    total = total + values[i] * weights[i]\n" * 3 + "for i in range(10):\n"
+    ids = smollm.tokenizer(text, add_special_tokens=False).input_ids
+    out = SpeculativeDecoding(LookupProposer()).generate(smollm, ids, GenerationParams(max_new_tokens=20))
+    s = out.stats
+    assert out.token_ids == Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=20)).token_ids
+    assert s.accepted >= 10 and s.verify_steps < s.new_tokens  # several tokens per verification
+    assert sum(s.drafted_per_position) == s.drafted and s.accepted_per_position[0] <= s.drafted_per_position[0]
+    assert s.token_sources.count("draft") == min(s.accepted, s.new_tokens)
+
+
+def test_method_names(smollm):
+    assert methods.make_method("lookup:5", smollm).proposer.max_draft == 5
+    layer = load_heads(smollm).layers[0]
+    fixed = methods.make_method(f"self-spec:{layer}/3", smollm).proposer
+    assert (fixed.layer, fixed.max_draft) == (layer, 3)
+    assert methods.make_method("self-spec:dynamic@0.7", smollm).proposer.stop.threshold == 0.7
+    for bad in ("self-spec:31", f"self-spec:{layer}@0.5", "lookup:x", "lookup:4/2", "draft-model:"):
+        with pytest.raises(ValueError):
+            methods.make_method(bad, smollm)
