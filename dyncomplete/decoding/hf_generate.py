@@ -98,7 +98,8 @@ class HFGenerate(DecodingMethod):
             emitter.finish("max_tokens")
         first = feed.first_token_at or end
         stats.prefill_s, stats.decode_s = first - start, end - first
-        decode_tokens = sum(feed.fed[1:]) + 1  # the first token comes from the prefill call
+        # beyond the prompt; +1: the prefill's last position decided the first token (as in baseline)
+        decode_tokens = sum(feed.fed) - len(prompt_ids) + 1
         stats.layer_evals = model.num_layers * decode_tokens
         stats.head_evals = decode_tokens
         if self.assistant is not None:
