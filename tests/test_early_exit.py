@@ -113,6 +113,7 @@ def test_counts_heads_and_exits(smollm):
 def test_method_names():
     assert parse("confidence@0.9/lens/kv=propagate") == ("confidence@0.9", {"lens": "1", "kv": "propagate"})
     assert parse("confidence/lens@0.9") == ("confidence@0.9", {"lens": "1"})
+    assert parse("margin@0.5/min=24") == ("margin@0.5", {"min": "24"})
     with pytest.raises(ValueError):
         parse("confidence@0.9/bogus")
 
@@ -124,3 +125,6 @@ def test_bad_names_are_refused(smollm):
         factory("confidence", smollm)
     with pytest.raises(ValueError, match="kv"):
         factory("confidence@0.5/kv=magic", smollm)
+    with pytest.raises(ValueError, match="no exit layer"):
+        factory("confidence@0.5/min=29", smollm)
+    assert factory("confidence@0.5/min=24", smollm).exits == {24, 26, 28}

@@ -4,6 +4,7 @@ Method names: `early-exit:POLICY@T[/OPTION...]`, options in any order, the thres
 follow them (`early-exit:confidence/lens@0.9`, which keeps `--sweep ...@0.5,0.7` simple):
   `lens`            plain logit-lens heads on the shipped heads' layers (default: shipped heads)
   `heads=PATH`      translator heads from a file
+  `min=N`           check only exit layers >= N (each check of a logit policy costs one LM head)
   `kv=catchup`      (default) skipped layers are run later for the exited positions, together
                     with the next token that goes deeper: exact caches, no extra approximation
   `kv=propagate`    skipped layers get keys/values projected from the exit hidden state (CALM,
@@ -34,13 +35,15 @@ PROPAGATE_KINDS = ("llama", "qwen2")
 class EarlyExit(DecodingMethod):
     name = "early-exit"
 
-    def __init__(self, heads: ExitHeads, policy: ExitPolicy, kv: str = "catchup"):
+    def __init__(self, heads: ExitHeads, policy: ExitPolicy, kv: str = "catchup", min_layer: int = 1):
         if kv not in ("catchup", "propagate"):
             raise ValueError(f"kv must be catchup or propagate, got {kv!r}")
         if kv == "propagate" and heads.model.kind not in PROPAGATE_KINDS:
             raise ValueError(f"kv=propagate supports {', '.join(PROPAGATE_KINDS)}, not {heads.model.kind}")
         self.heads, self.policy, self.kv = heads, policy, kv
-        self.exits = set(heads.layers)
+        self.exits = {e for e in heads.layers if e >= min_layer}
+        if not self.exits:
+            raise ValueError(f"no exit layer >= {min_layer} among {heads.layers}")
 
     def decode(self, model, prompt_ids, logits, cache, emitter, generator):
         stats = emitter.stats
@@ -137,9 +140,9 @@ def parse(arg: str) -> tuple[str, dict[str, str]]:
     for opt in opts:
         key, sep, value = opt.partition("=")
         options[key] = value if sep else "1"
-    unknown = set(options) - {"lens", "heads", "kv"}
+    unknown = set(options) - {"lens", "heads", "kv", "min"}
     if unknown or not name:
-        raise ValueError(f"bad early-exit method {arg!r}: use POLICY@T[/lens][/heads=PATH][/kv=catchup|propagate]")
+        raise ValueError(f"bad early-exit method {arg!r}: use POLICY@T[/lens][/heads=PATH][/min=N][/kv=catchup|propagate]")
     return name + (f"@{found.group(1)}" if found else ""), options
 
 
@@ -148,7 +151,7 @@ def factory(arg: str, model) -> EarlyExit:
     heads = load_heads(model, options.get("heads") or None)
     if "lens" in options:
         heads = lens_heads(model, heads.layers)
-    return EarlyExit(heads, make_policy(spec, model, heads), options.get("kv", "catchup"))
+    return EarlyExit(heads, make_policy(spec, model, heads), options.get("kv", "catchup"), int(options.get("min", 1)))
 
 
 register("early-exit", factory)
