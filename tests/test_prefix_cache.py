@@ -21,7 +21,7 @@ def test_reuse_is_token_identical_to_a_fresh_prefill(smollm):
     cache = PrefixCache(max_bytes=256 * 2**20)
     params = GenerationParams(max_new_tokens=4)
     # A typing session: each prompt extends or edits the previous one.
-    cuts = [600, 640, 700, 650]
+    cuts = [300, 330, 360, 340]
     reused = []
     for n in cuts:
         ids = ids_of(smollm, SOURCE[:n])
@@ -33,7 +33,7 @@ def test_reuse_is_token_identical_to_a_fresh_prefill(smollm):
         assert cached.token_ids == fresh.token_ids, n
         assert cached.stats.cached_prompt_tokens == min(shared, len(ids) - 1)
         reused.append(cached.stats.cached_prompt_tokens)
-    assert reused[0] == 0 and all(r > 100 for r in reused[1:]), reused
+    assert reused[0] == 0 and all(r > 50 for r in reused[1:]), reused
     assert cache.counters.hits == len(cuts) - 1
 
 

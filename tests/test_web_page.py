@@ -35,6 +35,14 @@ def test_playground_colours_tokens_and_shows_stats(served, tmp_path):
                 "#completion span", "els => els.map(e => [e.textContent, getComputedStyle(e).backgroundColor, e.dataset.layers])")
             stats = page.inner_text("#stats")
             error = page.inner_text("#error")
+            # an early-exit method: tokens leave at different layers, so the colours differ
+            page.fill("#method", "early-exit:confidence/lens@0.5")
+            page.click("#complete")
+            page.wait_for_selector("#completion[data-state=done]", timeout=180_000)
+            page.screenshot(path=str(tmp_path / "playground-early-exit.png"), full_page=True)
+            exit_spans = page.eval_on_selector_all(
+                "#completion span", "els => els.map(e => [getComputedStyle(e).backgroundColor, e.dataset.layers])")
+            exit_stats = page.inner_text("#stats")
         finally:
             browser.close()
     assert shot.stat().st_size > 10_000
@@ -42,4 +50,5 @@ def test_playground_colours_tokens_and_shows_stats(served, tmp_path):
     assert all(bg not in ("rgba(0, 0, 0, 0)", "transparent") for _, bg, _ in spans)
     assert {layers for _, _, layers in spans} == {"30"}  # baseline: every token runs all 30 layers
     assert "layer evals / token" in stats and "30.0 of 30" in stats and "energy" in stats
-    print(shot)
+    assert len({bg for bg, _ in exit_spans}) >= 2 and min(int(n) for _, n in exit_spans) < 30, exit_spans
+    assert "early-exit:confidence/lens@0.5" in exit_stats

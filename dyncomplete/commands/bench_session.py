@@ -40,7 +40,12 @@ def print_table(report: dict) -> None:
 
 
 def run(args) -> int:
+    import signal
+
     from ..serve.launch import running_server
+
+    # A terminated benchmark must still stop the server it started (the context manager's exit).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from ..serve.session import pauses_of, replay
 
     sources = [Path(s) for s in args.source] if args.source else default_sources(args.files)

@@ -83,7 +83,8 @@ def create_app(model, settings: Settings) -> FastAPI:
     known_families = families()
 
     def check_key(request: Request):
-        """Every route but the page itself (a browser cannot send the header when opening it)."""
+        """Every route but the page and its static files (a browser cannot send the header when
+        opening a page; they hold nothing secret)."""
         if settings.api_key and request.url.path != "/":
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):

@@ -1,10 +1,12 @@
 """Editor-session replay: type real files line by line through the HTTP server, as an editor
 would, and measure what a person waits for.
 
-At each pause (the cursor after the indentation of a non-blank line) one streamed completion is
-requested with `stop=["\\n"]`; it is accepted when it equals the rest of the line that is typed
-next. Every pause is sent twice, prefix cache on and off (alternating which goes first), so both
-rows see the same prompts and the same machine load.
+At each pause (the cursor at the start of a non-blank line) one streamed completion is requested
+with `stop=["\\n"]`; it is accepted when it equals the line typed next (trailing spaces aside).
+The pause is at the line start, not after the indentation, because a prompt ending in spaces
+splits a whitespace token the model never saw split (the BPE "token healing" problem) and
+small models then answer with an empty line. Every pause is sent twice, prefix cache on and off
+(alternating which goes first), so both rows see the same prompts and the same machine load.
 """
 
 from __future__ import annotations
@@ -31,12 +33,11 @@ def pauses_of(path: Path, start: float, count: int) -> list[Pause]:
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
     out = []
     for i in range(int(len(lines) * start), len(lines)):
-        body = lines[i].rstrip("\n")
-        target = body.lstrip()
-        if not target or not "".join(lines[:i]).strip():
+        target = lines[i].rstrip()
+        prefix = "".join(lines[:i])
+        if not target.strip() or not prefix.strip():
             continue  # nothing to complete, or nothing before the cursor
-        indent = body[: len(body) - len(target)]
-        out.append(Pause(str(path), i + 1, "".join(lines[:i]) + indent, target.rstrip()))
+        out.append(Pause(str(path), i + 1, prefix, target))
         if len(out) == count:
             break
     return out

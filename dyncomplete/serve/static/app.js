@@ -1,6 +1,6 @@
 // Playground: stream a completion from /v1/completions, then colour each token by the layer it
-// exited at (blue = shallow ... red = full depth) or by how it was made (drafted and accepted:
-// green; bonus token of a verification step: teal).
+// exited at (pale yellow = shallow ... red = full depth) or by how it was made (drafted and
+// accepted: green; bonus token of a verification step: blue).
 const $ = (id) => document.getElementById(id);
 const key = () => $("api-key").value || localStorage.getItem("dyncomplete-key") || "";
 let served = null;
@@ -13,9 +13,9 @@ function headers() {
 
 function colour(token, layers) {
   if (token.source === "draft") return "hsl(130, 60%, 78%)";
-  if (token.source === "bonus") return "hsl(175, 55%, 75%)";
+  if (token.source === "bonus") return "hsl(210, 70%, 80%)";
   const depth = Math.min(1, token.layers / layers);  // 0 = exited at once, 1 = every layer
-  return `hsl(${Math.round(220 - 220 * depth)}, 75%, ${Math.round(88 - 10 * depth)}%)`;
+  return `hsl(${Math.round(55 - 55 * depth)}, 90%, ${Math.round(86 - 16 * depth)}%)`;
 }
 
 function render(stats) {
