@@ -11,8 +11,12 @@ from ._common import add_model_options, load_from_args
 def run(args) -> int:
     import uvicorn
 
+    from ..decoding.api import MAX_NEW_TOKENS_LIMIT
     from ..methods import make_method
     from ..serve import Settings, create_app
+
+    if args.max_tokens_limit > MAX_NEW_TOKENS_LIMIT:
+        raise ValueError(f"--max-tokens-limit can be at most {MAX_NEW_TOKENS_LIMIT}")
 
     api_key = args.api_key or os.environ.get("DYNCOMPLETE_API_KEY") or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
