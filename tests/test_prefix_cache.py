@@ -4,6 +4,7 @@ stable prompt window keeps a growing prefix's start fixed so the cache keeps hit
 import inspect
 
 import pytest
+import torch
 
 from dyncomplete.decoding import Baseline, GenerationParams
 from dyncomplete.models import KVCache, layered
@@ -40,7 +41,7 @@ def test_reuse_is_token_identical_to_a_fresh_prefill(smollm):
 def test_memory_bound_eviction_and_subsumed_entries(smollm):
     def filled(n):
         kv = smollm.new_cache()
-        smollm.forward(__import__("torch").tensor(ids_of(smollm, SOURCE)[:n]), kv)
+        smollm.forward(torch.tensor(ids_of(smollm, SOURCE)[:n]), kv)
         return kv
 
     ids = ids_of(smollm, SOURCE)
