@@ -127,7 +127,9 @@ def parse_completion(obj: dict, model_name: str, default_method: str, families: 
         raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
     seed = _typed(obj, "seed", (int,), "an integer")
     method = _typed(obj, "method", (str,), "a string", default_method)
-    if method.partition(":")[0] not in families:
+    # a cheap first check (full checking is make_method's, in the worker): the name must start with
+    # a known family; "lookup+self" and wrapped names such as "baseline+stop:0.5" do
+    if method.partition(":")[0].split("+")[0] not in families:
         raise ApiError(400, f"unknown method {method!r}: known families are {', '.join(families)}", "method",
                        "method_not_found")
     user = _typed(obj, "user", (str,), "a string")
