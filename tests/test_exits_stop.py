@@ -41,3 +41,8 @@ def test_unknown_wrapper_is_refused(smollm):
         make_method("baseline+nonsense:1", smollm)
     with pytest.raises(ValueError, match="threshold"):
         make_method("baseline+stop:x", smollm)
+
+
+def test_shipped_stop_rule_and_classifier_build(smollm):
+    method = make_method("early-exit:classifier@0.99+stop:0.9", smollm)
+    assert isinstance(method, StopRule) and method.inner.policy.mlps.keys() == set(method.inner.heads.layers)
