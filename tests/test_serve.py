@@ -139,8 +139,10 @@ def test_disconnect_and_supersede_stop_the_generation(served):
 
 
 def test_full_queue_answers_503_fast(served):
-    """A long generation holds the worker; 100 requests of one client then overflow the 64-slot
-    queue: the extra ones get 503 at once, the queued ones are superseded by the newest."""
+    """A long generation holds the worker; 100 requests of distinct clients then overflow the
+    64-slot queue: the extra ones get 503 at once, the queued ones are answered in turn. (Distinct
+    clients: requests of one client supersede each other and free their slots, so on a fast
+    machine the queue would never fill; supersession has its own test.)"""
     url, _ = served
     wait_idle(url)
 
@@ -149,7 +151,7 @@ def test_full_queue_answers_503_fast(served):
             async def one(i):
                 t = time.monotonic()
                 r = await http.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 1},
-                                    headers={"X-Client-Id": "storm"})
+                                    headers={"X-Client-Id": f"storm-{i}"})
                 return r, time.monotonic() - t
             return await asyncio.gather(*(one(i) for i in range(100)))
 
@@ -162,7 +164,7 @@ def test_full_queue_answers_503_fast(served):
     assert len(full) >= 100 - 64 - 5, codes  # a few slots may free up while the storm arrives
     assert all(r.headers["retry-after"] == "1" and s < 10 for r, s in full)
     assert all(r.json()["error"]["code"] == "queue_full" for r, _ in full)
-    assert set(codes) <= {503, 409, 200} and codes.count(200) >= 1, codes  # the newest one is answered
+    assert set(codes) <= {503, 200} and codes.count(200) >= 64 - 5, codes  # the queued ones are answered
     assert health(url)["status"] == "ok"
 
 
