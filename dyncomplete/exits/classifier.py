@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from .collect import Collected
-from .heads import ExitHeads, default_path
+from .heads import ExitHeads, default_path, read_record
 from .policies import ExitPolicy, register_policy
 from .train import shortlist_base
 
@@ -110,9 +110,7 @@ def load_classifier(model, path: Path | None = None) -> dict[int, torch.nn.Modul
     path = Path(path) if path else default_path(model).with_name(CLASSIFIER_FILE)
     if not path.is_file():
         raise FileNotFoundError(f"no exit classifier at {path}: run `dyncomplete train-classifier`")
-    meta = json.loads(path.with_suffix(".json").read_text())
-    if meta.get("model_sha256") and model.source_sha256 and meta["model_sha256"] != model.source_sha256:
-        raise ValueError(f"exit classifier {path} was trained for other weights")
+    meta = read_record(path, model, "exit classifier")
     tensors = load_file(str(path))
     mlps = {}
     for e in meta["layers"]:

@@ -94,6 +94,15 @@ def default_path(model) -> Path:
     return ASSETS / model.name / HEADS_FILE
 
 
+def read_record(path: Path, model, what: str) -> dict:
+    """The JSON record saved beside a trained artefact; refuses one trained for other weights."""
+    meta = json.loads(path.with_suffix(".json").read_text())
+    want = meta.get("model_sha256")
+    if want and model.source_sha256 and want != model.source_sha256:
+        raise ValueError(f"{what} {path} was trained for other weights (sha256 {want[:12]}...)")
+    return meta
+
+
 def load_heads(model, path=None) -> ExitHeads:
     """Trained translators from `path` (default: the shipped ones of this model), else lens heads
     on every second layer. Refuses heads trained for other weights (hash or width mismatch)."""
@@ -103,10 +112,7 @@ def load_heads(model, path=None) -> ExitHeads:
         if explicit:
             raise FileNotFoundError(f"no exit heads at {path}")
         return lens_heads(model)
-    meta = json.loads(path.with_suffix(".json").read_text())
-    want = meta.get("model_sha256")
-    if want and model.source_sha256 and want != model.source_sha256:
-        raise ValueError(f"exit heads {path} were trained for other weights (sha256 {want[:12]}...)")
+    meta = read_record(path, model, "exit heads")
     if meta["hidden_size"] != model.hidden_size:
         raise ValueError(f"exit heads {path} have width {meta['hidden_size']}, the model {model.hidden_size}")
     tensors = load_file(str(path))

@@ -21,7 +21,7 @@ from ..decoding.baseline import DecodingMethod
 from ..methods import register_wrapper
 from .classifier import WIDTH, fit_mlp, new_mlp
 from .collect import CHUNK, SKIP, Collected
-from .heads import default_path
+from .heads import default_path, read_record
 
 STOP_FILE = "stop_rule.safetensors"
 
@@ -53,9 +53,7 @@ def load_stop_rule(model, path: Path | None = None) -> torch.nn.Module:
     path = Path(path) if path else default_path(model).with_name(STOP_FILE)
     if not path.is_file():
         raise FileNotFoundError(f"no stop rule at {path}: run `dyncomplete train-stop`")
-    meta = json.loads(path.with_suffix(".json").read_text())
-    if meta.get("model_sha256") and model.source_sha256 and meta["model_sha256"] != model.source_sha256:
-        raise ValueError(f"stop rule {path} was trained for other weights")
+    meta = read_record(path, model, "stop rule")
     mlp = new_mlp(model.hidden_size)
     mlp.load_state_dict(load_file(str(path)))
     return mlp.requires_grad_(False)

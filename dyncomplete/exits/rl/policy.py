@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..heads import ASSETS
+from ..heads import ASSETS, read_record
 from ..policies import ExitPolicy, register_policy
 from .data import features
 from .reward import EXIT
@@ -80,10 +80,7 @@ def load_agent(model, path=None) -> tuple[AgentNet, dict]:
     path = Path(path) if path is not None else default_path(model)
     if not path.is_file():
         raise FileNotFoundError(f"no exit agent at {path}: train one with `dyncomplete train-agent --model {model.name}`")
-    meta = json.loads(path.with_suffix(".json").read_text())
-    want = meta.get("model_sha256")
-    if want and model.source_sha256 and want != model.source_sha256:
-        raise ValueError(f"exit agent {path} was trained for other weights (sha256 {want[:12]}...)")
+    meta = read_record(path, model, "exit agent")
     net = AgentNet.load(path)
     if net.linears[0].in_features != model.hidden_size + 1:
         raise ValueError(f"exit agent {path} reads width {net.linears[0].in_features - 1}, the model has {model.hidden_size}")
