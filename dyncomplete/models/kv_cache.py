@@ -45,10 +45,12 @@ class KVCache:
         for i in layers if layers is not None else range(self.num_layers):
             self.lengths[i] = min(self.lengths[i], length)
 
-    def copy(self) -> "KVCache":
-        """An independent cache with the same contents (buffers trimmed to the used length)."""
+    def copy(self, length: int | None = None) -> "KVCache":
+        """An independent cache with the same contents, or only positions < `length` (buffers
+        trimmed to what is copied)."""
         other = KVCache(self.num_layers, self._capacity)
         for i, n in enumerate(self.lengths):
+            n = n if length is None else min(n, length)
             if self.keys[i] is not None and n:
                 other.keys[i] = self.keys[i][..., :n, :].clone()
                 other.values[i] = self.values[i][..., :n, :].clone()

@@ -68,8 +68,7 @@ class PrefixCache:
             source = self._entries[best_key]
             self.counters.hits += 1
             self.counters.reused_tokens += best
-        cache = source.copy()  # entries are never mutated in place, so copying outside the lock is safe
-        cache.crop(best)
+        cache = source.copy(best)  # entries are never mutated in place, so copying outside the lock is safe
         return cache, best
 
     def store(self, ids: list[int], cache: KVCache) -> bool:
