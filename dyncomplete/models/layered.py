@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .attention import use_short_query_attention
 from .kv_cache import KVCache
 
 SUPPORTED = ("llama", "qwen2", "gemma3_text", "gemma3", "gpt2", "opt")
@@ -52,6 +53,8 @@ class LayeredModel:
         self.softcap = getattr(self.config, "final_logit_softcapping", None)
         self.hidden_size = self.config.hidden_size
         self.vocab_size = self.lm_head.out_features
+        if self.kind in ("llama", "qwen2", "gemma3"):
+            use_short_query_attention(hf_model)
 
     @property
     def dtype(self) -> torch.dtype:
