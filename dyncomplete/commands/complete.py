@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ def run(args) -> int:
         seed=args.seed,
         stop=tuple(args.stop or ()),
         line_mode=args.mode == "line",
+        token_healing=args.token_healing,
     )
     model = load_from_args(args)
     prompt = build_prompt(model.tokenizer, prefix, suffix, args.context_budget)
@@ -56,6 +58,8 @@ def register(sub) -> None:
     p.add_argument("--method", default="baseline", help="decoding method, e.g. baseline, lookup, early-exit:confidence@0.9")
     p.add_argument("--prefix-file", help="file with the code before the cursor (default: stdin)")
     p.add_argument("--suffix-file", help="file with the code after the cursor (fill-in-the-middle)")
+    p.add_argument("--token-healing", action=argparse.BooleanOptionalAction, default=True,
+                   help="back up the prompt's last token so a cursor inside a token does not derail the model")
     p.add_argument("--mode", choices=["line", "block"], default="block", help="line: stop at the end of the line")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 48 in line mode, 128 in block mode")
     p.add_argument("--temperature", type=float, default=0.0)

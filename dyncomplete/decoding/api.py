@@ -25,6 +25,7 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     line_mode: bool = False  # stop at the first newline (line completion)
+    token_healing: bool = False  # back up the prompt's last token (see healing.py)
 
     def __post_init__(self):
         if not (1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT):
@@ -110,8 +111,10 @@ class Emitter:
         stats: Stats,
         on_text: Callable[[str], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
+        healed: str = "",
     ):
         self.tokenizer = tokenizer
+        self.healed = healed  # text dropped from the prompt by token healing: not part of the completion
         self.params = params
         self.eos_ids = eos_ids
         self.stats = stats
@@ -134,6 +137,8 @@ class Emitter:
         self.stats.token_layers.append(layers)
         self.stats.token_sources.append(source)
         self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if self.healed and self.text.startswith(self.healed):
+            self.text = self.text[len(self.healed):]
         cut, reason = self._stop_position()
         if cut is not None:
             self.text = self.text[:cut]

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..models import KVCache, LayeredModel
+from . import healing
 from .api import Completion, Emitter, GenerationParams, Stats, choose_token, eos_ids_of, make_generator
 
 
@@ -46,8 +47,14 @@ class DecodingMethod:
     ) -> Completion:
         cache = cache if cache is not None else model.new_cache()
         stats = Stats(model=model.name, method=self.name)
+        heal = healing.plan(model.tokenizer, prompt_ids) if params.token_healing else None
+        if heal is not None:
+            prompt_ids = prompt_ids[:-1]
         logits = prefill(model, prompt_ids, cache, stats)
-        emitter = Emitter(model.tokenizer, params, eos_ids_of(model), stats, on_text, cancelled)
+        if heal is not None:
+            logits = heal.constrain(logits)
+        emitter = Emitter(model.tokenizer, params, eos_ids_of(model), stats, on_text, cancelled,
+                          healed=heal.tail_text if heal else "")
         start = time.perf_counter()
         with torch.inference_mode():
             self.decode(model, prompt_ids, logits, cache, emitter, make_generator(params))

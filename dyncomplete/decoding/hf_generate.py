@@ -18,9 +18,10 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from ..methods import register
+from . import healing
 from .api import Completion, Emitter, Stats, eos_ids_of
 from .baseline import DecodingMethod
 
@@ -54,6 +55,17 @@ class _FeedEmitter(StoppingCriteria):
         return torch.full((input_ids.shape[0],), self.emitter.done, dtype=torch.bool, device=input_ids.device)
 
 
+class _HealFirstToken(LogitsProcessor):
+    """Token healing inside `generate`: constrain the scores of the first new position only
+    (the assisted variants call processors once per verified position, with that position's ids)."""
+
+    def __init__(self, heal: healing.Healing, prompt_len: int):
+        self.heal, self.prompt_len = heal, prompt_len
+
+    def __call__(self, input_ids, scores):
+        return self.heal.constrain(scores) if input_ids.shape[1] == self.prompt_len else scores
+
+
 class HFGenerate(DecodingMethod):
     name = "hf-generate"
 
@@ -64,8 +76,12 @@ class HFGenerate(DecodingMethod):
     def generate(self, model, prompt_ids, params, cache=None, on_text=None, cancelled=None) -> Completion:
         if not prompt_ids:
             raise ValueError("empty prompt: nothing to complete")
+        heal = healing.plan(model.tokenizer, prompt_ids) if params.token_healing else None
+        if heal is not None:
+            prompt_ids = prompt_ids[:-1]
         stats = Stats(model=model.name, method=self.name, prompt_tokens=len(prompt_ids))
-        emitter = Emitter(model.tokenizer, params, eos_ids_of(model), stats, on_text, cancelled)
+        emitter = Emitter(model.tokenizer, params, eos_ids_of(model), stats, on_text, cancelled,
+                          healed=heal.tail_text if heal else "")
         feed = _FeedEmitter(emitter, len(prompt_ids), model.num_layers, counting_drafts=bool(self.mode))
         hooks = [model.hf.register_forward_pre_hook(self._counter(feed.fed), with_kwargs=True)]
         assistant_fed: list[int] = []
@@ -77,6 +93,8 @@ class HFGenerate(DecodingMethod):
             stopping_criteria=StoppingCriteriaList([feed]),
             pad_token_id=next(iter(eos_ids_of(model)), None),
         )
+        if heal is not None:
+            kwargs["logits_processor"] = LogitsProcessorList([_HealFirstToken(heal, len(prompt_ids))])
         if params.temperature > 0:
             torch.manual_seed(params.seed if params.seed is not None else time.time_ns() % (2**31))
             kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)

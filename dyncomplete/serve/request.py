@@ -17,7 +17,7 @@ MAX_STOP_STRINGS = 16
 NEUTRAL = {"n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, 0),
            "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {})}
 KNOWN = {"model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "stop", "stream", "seed",
-         "user", "method", "prefix_cache", "stream_options", *NEUTRAL}
+         "user", "method", "prefix_cache", "token_healing", "stream_options", *NEUTRAL}
 
 
 class ApiError(Exception):
@@ -134,7 +134,8 @@ def parse_completion(obj: dict, model_name: str, default_method: str, families: 
                        "method_not_found")
     user = _typed(obj, "user", (str,), "a string")
     params = GenerationParams(max_new_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
-                              seed=seed, stop=_stop(obj))
+                              seed=seed, stop=_stop(obj),
+                              token_healing=_typed(obj, "token_healing", (bool,), "a boolean", True))
     return CompletionRequest(
         model=model, prefix=prefix, suffix=suffix, params=params, method=method,
         stream=_typed(obj, "stream", (bool,), "a boolean", False),

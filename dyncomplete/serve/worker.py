@@ -166,8 +166,8 @@ class Worker:
         with self.meter.measure() as energy:
             result = method.generate(self.model, prompt.ids, job.params, cache=cache,
                                      on_text=lambda t: job.emit(("text", t)), cancelled=job.cancelled)
-        if job.use_cache:
-            self.prefix_cache.store(prompt.ids, cache)
+        if job.use_cache:  # what was prefilled: token healing may have dropped the last prompt token
+            self.prefix_cache.store(prompt.ids[: result.stats.prompt_tokens], cache)
         stopped_by = job.reason if result.stats.stopped_by == "cancelled" else result.stats.stopped_by
         self._count(f"stopped_{stopped_by}")
         notices = [n for n in (prompt.notice, "the prompt was cut to the context budget "

@@ -1,0 +1,52 @@
+"""Token healing: back the prompt up by its last token and let the model choose how to go on.
+
+Editors cut the prompt at the cursor, which rarely falls on a token boundary the model knows:
+byte-level BPE merges a newline with the next line's indentation ("\\n" + 8 spaces is one token in
+SmolLM2's vocabulary), so a prompt that ends in "\\n" ends in a token that code almost never
+contains, and a small model answers with an empty line. Healing drops the last prompt token and
+constrains the first generated token to those whose text starts with the dropped text (the token
+itself included); the completion's text then begins after the dropped text. The same idea as
+`generate(token_healing=True)` in transformers and guidance's default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+
+@cache
+def _token_texts(tokenizer) -> tuple[str, ...]:
+    """The text of every token id, decoded alone (once per tokenizer)."""
+    return tuple(tokenizer.batch_decode([[i] for i in range(len(tokenizer))]))
+
+
+@dataclass
+class Healing:
+    tail_id: int  # the prompt's last token, dropped from the prompt
+    tail_text: str
+    allowed: torch.Tensor  # token ids whose text starts with tail_text
+
+    def constrain(self, logits: torch.Tensor) -> torch.Tensor:
+        """The first token's logits with every token that does not start with the tail masked out."""
+        out = torch.full_like(logits, float("-inf"))
+        out[..., self.allowed] = logits[..., self.allowed]
+        return out
+
+
+def plan(tokenizer, prompt_ids: list[int]) -> Healing | None:
+    """How to heal this prompt, or None where healing cannot change anything: a prompt of one
+    token, a special last token (the FIM markers), or a last token that no other token extends."""
+    if tokenizer is None or len(prompt_ids) < 2 or prompt_ids[-1] in set(tokenizer.all_special_ids):
+        return None
+    texts = _token_texts(tokenizer)
+    tail_id = prompt_ids[-1]
+    tail = texts[tail_id] if tail_id < len(texts) else ""
+    if not tail or "\ufffd" in tail:  # empty, or part of a multi-byte character
+        return None
+    allowed = [i for i, text in enumerate(texts) if text.startswith(tail)]
+    if len(allowed) < 2 or tail_id not in allowed:
+        return None
+    return Healing(tail_id, tail, torch.tensor(allowed))
