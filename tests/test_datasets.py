@@ -128,3 +128,12 @@ def test_execution_is_a_separate_limited_process():
     assert run_program("import time\nwhile True: time.sleep(0.1)", timeout=1).status == "timeout"
     assert run_program("x = bytearray(4 << 30)").status == "failed"  # over the memory limit
     assert run_program("open('big', 'wb').write(b'0' * (8 << 20))").status == "failed"  # over the file limit
+
+
+def test_line_java_is_cut_from_the_jdk_sources_test_split():
+    ds = load_dataset("line-java", 20)
+    assert ds.name == "line-java" and len(ds.examples) == 20 and ds.params.line_mode
+    for ex in ds.examples:
+        assert ex["lang"] == "java" and ex["path"].startswith("java.base/java/") and ex["path"].endswith(".java")
+        assert split_of(ex["path"]) == "test" and ex["gt"].strip()
+    assert [e["id"] for e in load_dataset("line-java", 20).examples] == [e["id"] for e in ds.examples]

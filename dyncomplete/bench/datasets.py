@@ -1,6 +1,7 @@
 """Benchmark datasets: what to complete, the target, how to generate, and (optionally) tests.
 
-`load_dataset(name)` knows `line-py` (built from the standard library's test split), the
+`load_dataset(name)` knows `line-py` (built from the standard library's test split), `line-java`
+(from the JDK's sources, see jdk_source.py), the
 HumanEval family (`humaneval`, `humaneval-sl`, `humaneval-ml`, from the shared data folder) and
 any CodeXGLUE-style JSON-lines file (`id`, `input`, `gt`, optional `suffix`, `lang`, `path`).
 HumanEval records also carry what `program()` needs to assemble a test script.
@@ -65,6 +66,14 @@ def line_py(limit: int | None) -> Dataset:
                    notes=[f"standard-library test split, seed {LINE_PY_SEED}"])
 
 
+def line_java(limit: int | None) -> Dataset:
+    from .jdk_source import jdk_java_root
+
+    examples = build_line_completion(jdk_java_root(), "java", limit or LINE_PY_DEFAULT_N, LINE_PY_SEED, split="test")
+    return Dataset("line-java", examples, LINE_PARAMS,
+                   notes=[f"JDK 17 java.base sources (openjdk-17-source), test split, seed {LINE_PY_SEED}"])
+
+
 def line_file(path: str, limit: int | None) -> Dataset:
     records = read_jsonl(Path(path))
     for i, r in enumerate(records):
@@ -111,6 +120,7 @@ def program(example: dict, prediction: str) -> str:
 
 NAMED = {
     "line-py": line_py,
+    "line-java": line_java,
     "humaneval": humaneval,
     "humaneval-sl": lambda limit: humaneval_infilling("sl", limit),
     "humaneval-ml": lambda limit: humaneval_infilling("ml", limit),

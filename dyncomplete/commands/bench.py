@@ -76,12 +76,12 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="compare decoding methods on a dataset (quality, speed, energy)")
     add_model_options(p)
     p.add_argument("--dataset", required=True,
-                   help="line-py, humaneval, humaneval-sl, humaneval-ml, or a CodeXGLUE-style .jsonl file")
+                   help="line-py, line-java, humaneval, humaneval-sl, humaneval-ml, or a CodeXGLUE-style .jsonl file")
     p.add_argument("--methods", default="baseline",
                    help="comma-separated method names, e.g. baseline,hf-generate (baseline is always run)")
     p.add_argument("--sweep", action="append", metavar="FAMILY@T1,T2,...",
                    help="add FAMILY@T for each threshold and plot the family as a curve (repeatable)")
-    p.add_argument("--limit", type=int, default=None, help="first N examples (line-py: default 200)")
+    p.add_argument("--limit", type=int, default=None, help="first N examples (line-py, line-java: default 200)")
     p.add_argument("--out", required=True, help="folder for the results; an existing run there is resumed")
     p.add_argument("--context-budget", type=int, default=1024, help="prompt tokens kept")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the report")
