@@ -58,6 +58,21 @@ def test_summary_speedups_identity_and_acceptance_by_hand():
     assert spec["tokens_per_s"] == pytest.approx(8 / 3) and spec["energy_j_per_token"] == pytest.approx(0.5)
 
 
+def test_stop_rule_effect_by_hand():
+    # the method alone: a, b wrong, c, d right; with the stop rule: a cut (wrong cut), c cut and
+    # no longer exact (damaged), d cut but still exact (not damaged), b ran to its end
+    alone = [record(i, "m", p, 1.0, new_tokens=4) for i, p in zip("abcd", ["y", "y", "x", "x"])]
+    stopped = [record("a", "m+stop:0.5", "", 1.0, new_tokens=1, stopped_by="stop_rule"),
+               record("b", "m+stop:0.5", "y", 1.0, new_tokens=4),
+               record("c", "m+stop:0.5", "", 1.0, new_tokens=1, stopped_by="stop_rule"),
+               record("d", "m+stop:0.5", "x", 1.0, new_tokens=2, stopped_by="stop_rule")]
+    s = summarize(alone + stopped, ["m", "m+stop:0.5"], {})["methods"]
+    assert "stop_rule" not in s["m"]
+    assert s["m+stop:0.5"]["stop_rule"] == {"examples": 4, "wrong": 2, "right": 2, "wrong_cut": 1, "right_damaged": 1,
+                                            "tokens_saved": pytest.approx(1 - 8 / 16),
+                                            "layer_evals_saved": pytest.approx(1 - 8 / 16)}
+
+
 def bench(out, *extra):
     return main(["bench", "--model", "smollm2-135m", "--dataset", "line-py", "--limit", "2", "--out", str(out),
                  "--no-progress", "--json", "--context-budget", "256", *extra])

@@ -44,5 +44,14 @@ def render(summary: dict, plots: list[str]) -> str:
         for name, m in drafting.items():
             positions = " ".join(f"{a:.2f}" for a in m["acceptance_per_position"][:10])
             lines.append(f"| `{name}` | {m['acceptance_rate']:.2f} | {_fmt(m['mean_accepted_length'], 2)} | {positions} |")
+    stopping = {n: m["stop_rule"] for n, m in methods.items() if m.get("stop_rule")}
+    if stopping:
+        lines += ["", "Stop rule against the same method without it (wrong/right: exact match of the method alone):",
+                  "", "| method | wrong completions cut | right ones damaged | tokens saved | layer evaluations saved |",
+                  "|---|---:|---:|---:|---:|"]
+        for name, e in stopping.items():
+            lines.append(f"| `{name}` | {e['wrong_cut']} of {e['wrong']} | {e['right_damaged']} of {e['right']} | "
+                         f"{_fmt(None if e['tokens_saved'] is None else 100 * e['tokens_saved'], 0, '%')} | "
+                         f"{_fmt(None if e['layer_evals_saved'] is None else 100 * e['layer_evals_saved'], 0, '%')} |")
     lines += [""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"

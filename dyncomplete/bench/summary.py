@@ -82,6 +82,26 @@ def _count(values) -> dict:
     return counts
 
 
+def stop_rule_effect(rows: list[dict], wrapped: dict[str, dict]) -> dict | None:
+    """What `METHOD+stop:T` did against METHOD alone on the same examples: the share of METHOD's
+    wrong completions (not an exact match) it cut, the share of its right ones it damaged (cut
+    and no longer exact), and the decode work (tokens, layer evaluations) it saved in all."""
+    pairs = [(wrapped[r["id"]], r) for r in rows if r["id"] in wrapped]
+    if not pairs:
+        return None
+    wrong = [(a, b) for a, b in pairs if a["metrics"]["em"] < 100]
+    right = [(a, b) for a, b in pairs if a["metrics"]["em"] == 100]
+    cut = lambda b: b["stats"]["stopped_by"] == "stop_rule"  # noqa: E731
+    work = lambda key, side: sum(pair[side]["stats"][key] for pair in pairs)  # noqa: E731
+    return {
+        "examples": len(pairs), "wrong": len(wrong), "right": len(right),
+        "wrong_cut": sum(cut(b) for _, b in wrong),
+        "right_damaged": sum(cut(b) and b["metrics"]["em"] < 100 for _, b in right),
+        "tokens_saved": 1 - _ratio(work("new_tokens", 1), work("new_tokens", 0)) if work("new_tokens", 0) else None,
+        "layer_evals_saved": 1 - work("layer_evals", 1) / work("layer_evals", 0) if work("layer_evals", 0) else None,
+    }
+
+
 def summarize(records: list[dict], methods: list[str], header: dict) -> dict:
     """summary.json: the run's header (model, dataset, n, ...) and one entry per method."""
     by_method = defaultdict(list)
@@ -89,4 +109,9 @@ def summarize(records: list[dict], methods: list[str], header: dict) -> dict:
         by_method[r["method"]].append(r)
     baseline = {r["id"]: r for r in by_method.get(BASELINE, [])}
     n = len({r["id"] for r in records})
-    return {**header, "n": n, "methods": {m: summarize_method(by_method[m], baseline) for m in methods if by_method[m]}}
+    entries = {m: summarize_method(by_method[m], baseline) for m in methods if by_method[m]}
+    for m, entry in entries.items():
+        base, sep, _ = m.rpartition("+stop:")
+        if sep and by_method.get(base):
+            entry["stop_rule"] = stop_rule_effect(by_method[m], {r["id"]: r for r in by_method[base]})
+    return {**header, "n": n, "methods": entries}
