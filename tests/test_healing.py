@@ -3,6 +3,7 @@
 from dyncomplete.decoding import GenerationParams, healing
 from dyncomplete.methods import make_method
 from dyncomplete.prompts import build_prompt
+from dyncomplete.serve.report import token_pieces
 
 # The prompt ends in "\n"; SmolLM2's vocabulary merges "\n" with the next line's indentation, so
 # without healing the model almost never continues with an indented line.
@@ -34,7 +35,9 @@ def test_healed_completion_continues_the_indented_block(smollm):
             smollm, prompt.ids, GenerationParams(max_new_tokens=16, stop=("\n",), token_healing=True))
         assert plain.text == "", f"{name}: the unhealed prompt is expected to derail: {plain.text!r}"
         assert healed.text.startswith("    ") and healed.text.strip(), f"{name}: {healed.text!r}"
-        assert healed.stats.prompt_tokens == len(prompt.ids) - 1
+        assert healed.stats.prompt_tokens == len(prompt.ids) - 1 and healed.healed == "\n"
+        # the web page's per-token pieces leave the healed newline out as well
+        assert "".join(token_pieces(smollm.tokenizer, healed.token_ids, healed.text, healed.healed)) == healed.text
     hf = make_method("hf-generate", smollm).generate(
         smollm, prompt.ids, GenerationParams(max_new_tokens=16, stop=("\n",), token_healing=True))
     assert hf.text == healed.text

@@ -24,8 +24,9 @@ def client(url):
 
 
 def reference(model, prompt, n):
+    """What the server should answer: greedy baseline with token healing (the server's default)."""
     ids = model.tokenizer(prompt, add_special_tokens=False).input_ids
-    return Baseline().generate(model, ids, GenerationParams(max_new_tokens=n)).text
+    return Baseline().generate(model, ids, GenerationParams(max_new_tokens=n, token_healing=True)).text
 
 
 def health(url):
@@ -77,6 +78,7 @@ BAD = [
     (json.dumps({"model": MODEL, "prompt": ""}).encode(), 400, "empty"),
     (json.dumps({"model": MODEL, "prompt": "x", "temperature": "hot"}).encode(), 400, "temperature"),
     (json.dumps({"model": MODEL, "prompt": "x", "stop": [1]}).encode(), 400, "stop"),
+    (json.dumps({"model": MODEL, "prompt": "x", "token_healing": "yes"}).encode(), 400, "token_healing"),
     (json.dumps({"model": MODEL, "prompt": "x", "n": 3}).encode(), 400, "not supported"),
     (json.dumps({"model": "gpt-4", "prompt": "x"}).encode(), 404, "not served here"),
     (json.dumps({"model": MODEL, "prompt": "x", "method": "teleport"}).encode(), 400, "unknown method"),

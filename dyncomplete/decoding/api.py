@@ -94,6 +94,7 @@ class Completion:
     text: str
     token_ids: list[int]
     stats: Stats
+    healed: str = ""  # prompt text that token healing dropped; the first token's text starts with it
 
 
 class Cancelled(Exception):

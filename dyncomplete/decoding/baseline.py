@@ -59,7 +59,7 @@ class DecodingMethod:
         with torch.inference_mode():
             self.decode(model, prompt_ids, logits, cache, emitter, make_generator(params))
         stats.decode_s = time.perf_counter() - start
-        return Completion(emitter.text, emitter.ids, stats)
+        return Completion(emitter.text, emitter.ids, stats, emitter.healed)
 
     def decode(self, model, prompt_ids, logits, cache, emitter: Emitter, generator) -> None:
         raise NotImplementedError

@@ -124,7 +124,7 @@ class HFGenerate(DecodingMethod):
             from ..energy.work import full_pass_macs
 
             stats.extra_macs = sum(assistant_fed) * full_pass_macs(self.assistant)
-        return Completion(emitter.text, emitter.ids, stats)
+        return Completion(emitter.text, emitter.ids, stats, emitter.healed)
 
     @staticmethod
     def _counter(sink: list[int]):

@@ -14,12 +14,14 @@ FINISH_REASONS = {"max_tokens": "length", "timeout": "length", "eos": "stop", "n
                   "stop_rule": "stop"}
 
 
-def token_pieces(tokenizer, ids: list[int], text: str) -> list[str]:
+def token_pieces(tokenizer, ids: list[int], text: str, healed: str = "") -> list[str]:
     """The text each token adds (decoding prefixes, so multi-byte characters split across tokens
-    land on the token that completes them), clipped to the final text (stop strings removed)."""
+    land on the token that completes them), clipped to the final text (stop strings removed);
+    `healed`, the prompt text that token healing made the first token repeat, is left out."""
     pieces, done = [], ""
     for i in range(len(ids)):
         now = tokenizer.decode(ids[: i + 1], skip_special_tokens=True).rstrip("\ufffd")
+        now = now[len(healed):] if healed and now.startswith(healed) else now
         now = now[: len(text)] if len(now) > len(text) else now
         pieces.append(now[len(done):] if now.startswith(done) else "")
         done = now if now.startswith(done) else done
@@ -32,7 +34,7 @@ def finish_reason(stopped_by: str) -> str:
 
 def stats_object(model, completion: Completion, energy, extra: dict) -> dict:
     s = completion.stats
-    pieces = token_pieces(model.tokenizer, completion.token_ids, completion.text)
+    pieces = token_pieces(model.tokenizer, completion.token_ids, completion.text, completion.healed)
     return {
         "method": s.method,
         "num_layers": model.num_layers,
