@@ -95,9 +95,13 @@ class ExitLayerController:
         self.costs = costs
         self.max_len = max_len
         self.explore = explore
-        priors = priors or {}
-        self.trackers = {e: AcceptanceTracker(max_len, (4 * priors.get(e, 0.5), 4 * (1 - priors.get(e, 0.5))))
-                         for e in costs}
+        self.priors = priors or {}
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what was observed: back to the priors."""
+        prior = lambda e: (4 * self.priors.get(e, 0.5), 4 * (1 - self.priors.get(e, 0.5)))  # noqa: E731
+        self.trackers = {e: AcceptanceTracker(self.max_len, prior(e)) for e in self.costs}
         self.steps = 0
 
     def choose(self) -> tuple[int, int]:

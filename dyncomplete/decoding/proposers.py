@@ -38,6 +38,9 @@ class Proposer:
     def feedback(self, draft: Draft, accepted: int) -> None:
         """How many of the draft's tokens verification accepted."""
 
+    def reset(self) -> None:
+        """Forget the acceptance statistics kept across requests."""
+
 
 class LookupProposer(Proposer):
     """Prompt lookup decoding: find the latest earlier occurrence of the context's last n tokens
@@ -50,7 +53,10 @@ class LookupProposer(Proposer):
         self.max_draft = max_draft
         self.sizes = list(range(max_ngram, min_ngram - 1, -1))
         self.verify_cost = verify_cost
-        self.trackers = {n: AcceptanceTracker(max_draft) for n in self.sizes}  # kept across requests
+        self.reset()
+
+    def reset(self):
+        self.trackers = {n: AcceptanceTracker(self.max_draft) for n in self.sizes}  # kept across requests
         self.unprofitable = {n: 0 for n in self.sizes}
 
     def begin(self, model, prompt_ids, params, generator, stats):
@@ -163,6 +169,10 @@ class SelfDraftProposer(Proposer):
         if self.controller is not None:
             self.controller.update(draft.start_layer, len(draft.tokens), accepted)
 
+    def reset(self):
+        if self.controller is not None:
+            self.controller.reset()
+
 
 def self_draft_costs(model, heads, shortlist: int, verify_cost: float = VERIFY_COST) -> dict[int, float]:
     """Work of self-drafting one token from each exit layer, relative to one full decode step:
@@ -241,3 +251,7 @@ class LookupThenSelf(Proposer):
 
     def feedback(self, draft, accepted):
         self.used.feedback(draft, accepted)
+
+    def reset(self):
+        self.lookup.reset()
+        self.self_draft.reset()

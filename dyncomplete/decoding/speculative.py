@@ -43,6 +43,10 @@ class SpeculativeDecoding(DecodingMethod):
         stats.layer_evals, stats.head_evals = depth, 1  # the prompt pass's last position
         if emitter.emit(token, depth, "full"):
             return
+        if params.temperature > 0 and params.seed is not None:
+            # draft lengths decide how the seeded random stream is consumed: a seeded request
+            # starts from the priors, so that sending it again gives the same sample
+            self.proposer.reset()
         self.proposer.begin(model, prompt_ids, params, generator, stats)
         try:
             self._steps(model, prompt_ids, token, cache, emitter, generator)
