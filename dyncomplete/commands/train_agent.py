@@ -64,7 +64,7 @@ def register(sub) -> None:
                         "as at 0.5 the agent for smollm2-135m keeps only ~76%% agreement with the full model)")
     p.add_argument("--gamma", type=float, default=0.5, help="penalty per layer of going too deep")
     p.add_argument("--timesteps", type=int, default=300_000, help="PPO environment steps")
-    p.add_argument("--tokens", type=int, default=4_000, help="train-split tokens to precompute")
+    p.add_argument("--tokens", type=int, default=16_000, help="train-split tokens to precompute")
     p.add_argument("--calib-tokens", type=int, default=1_000, help="held-out calib-split tokens for the figures")
     p.add_argument("--refresh", action="store_true", help="recompute the cached hidden states")
     p.add_argument("--seed", type=int, default=0)
