@@ -150,13 +150,20 @@ def create_app(model, settings: Settings) -> FastAPI:
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         extra = {"ignored_fields": req.ignored_fields} if req.ignored_fields else {}
 
+        last_check = time.monotonic()
+
         async def next_event(watch_disconnect: bool):
+            # checked by the clock, not only when no event comes: a non-streaming request also
+            # receives a text event per token, often more than one per POLL_S
+            nonlocal last_check
             while True:
+                if watch_disconnect and time.monotonic() - last_check >= POLL_S:
+                    last_check = time.monotonic()
+                    if await request.is_disconnected():
+                        job.cancel("disconnected")
                 try:
                     return await asyncio.wait_for(events.get(), POLL_S)
                 except asyncio.TimeoutError:
-                    if watch_disconnect and await request.is_disconnected():
-                        job.cancel("disconnected")
                     if job.cancelled() and job.reason == "timeout" and worker.current is not job and not job.finished:
                         return "error", ApiError(503, f"no answer within {settings.request_timeout_s:g} s "
                                                  "(queued too long)", code="timeout", kind="server_error")
