@@ -6,17 +6,14 @@ real, well-kept Java that none of the shipped exit artefacts was trained on (the
 
 from __future__ import annotations
 
-import os
 import zipfile
 from pathlib import Path
+
+from ..models.registry import cache_root
 
 SRC_ZIPS = ("/usr/lib/jvm/openjdk-17/lib/src.zip", "/usr/lib/jvm/java-17-openjdk-amd64/lib/src.zip",
             "/usr/lib/jvm/java-17-openjdk-arm64/lib/src.zip")
 MEMBER_PREFIX = "java.base/java/"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("DYNCOMPLETE_CACHE", Path.home() / ".cache" / "dyncomplete"))
 
 
 def find_src_zip() -> Path:

@@ -47,9 +47,7 @@ class DecodingMethod:
     ) -> Completion:
         cache = cache if cache is not None else model.new_cache()
         stats = Stats(model=model.name, method=self.name)
-        heal = healing.plan(model.tokenizer, prompt_ids) if params.token_healing else None
-        if heal is not None:
-            prompt_ids = prompt_ids[:-1]
+        prompt_ids, heal = healing.heal_prompt(model.tokenizer, prompt_ids, params.token_healing)
         logits = prefill(model, prompt_ids, cache, stats)
         if heal is not None:
             logits = heal.constrain(logits)

@@ -50,3 +50,10 @@ def plan(tokenizer, prompt_ids: list[int]) -> Healing | None:
     if len(allowed) < 2 or tail_id not in allowed:
         return None
     return Healing(tail_id, tail, torch.tensor(allowed))
+
+
+def heal_prompt(tokenizer, prompt_ids: list[int], enabled: bool) -> tuple[list[int], Healing | None]:
+    """(the prompt to prefill, the healing plan or None): the prompt loses its last token when
+    healing is enabled and can change something."""
+    heal = plan(tokenizer, prompt_ids) if enabled else None
+    return (prompt_ids[:-1], heal) if heal is not None else (prompt_ids, None)

@@ -76,9 +76,7 @@ class HFGenerate(DecodingMethod):
     def generate(self, model, prompt_ids, params, cache=None, on_text=None, cancelled=None) -> Completion:
         if not prompt_ids:
             raise ValueError("empty prompt: nothing to complete")
-        heal = healing.plan(model.tokenizer, prompt_ids) if params.token_healing else None
-        if heal is not None:
-            prompt_ids = prompt_ids[:-1]
+        prompt_ids, heal = healing.heal_prompt(model.tokenizer, prompt_ids, params.token_healing)
         stats = Stats(model=model.name, method=self.name, prompt_tokens=len(prompt_ids))
         emitter = Emitter(model.tokenizer, params, eos_ids_of(model), stats, on_text, cancelled,
                           healed=heal.tail_text if heal else "")
