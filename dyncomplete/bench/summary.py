@@ -92,13 +92,17 @@ def stop_rule_effect(rows: list[dict], wrapped: dict[str, dict]) -> dict | None:
     wrong = [(a, b) for a, b in pairs if a["metrics"]["em"] < 100]
     right = [(a, b) for a, b in pairs if a["metrics"]["em"] == 100]
     cut = lambda b: b["stats"]["stopped_by"] == "stop_rule"  # noqa: E731
-    work = lambda key, side: sum(pair[side]["stats"][key] for pair in pairs)  # noqa: E731
+
+    def saved(key: str) -> float | None:
+        alone, stopped = (sum(pair[side]["stats"][key] for pair in pairs) for side in (0, 1))
+        return 1 - stopped / alone if alone else None
+
     return {
         "examples": len(pairs), "wrong": len(wrong), "right": len(right),
         "wrong_cut": sum(cut(b) for _, b in wrong),
         "right_damaged": sum(cut(b) and b["metrics"]["em"] < 100 for _, b in right),
-        "tokens_saved": 1 - _ratio(work("new_tokens", 1), work("new_tokens", 0)) if work("new_tokens", 0) else None,
-        "layer_evals_saved": 1 - work("layer_evals", 1) / work("layer_evals", 0) if work("layer_evals", 0) else None,
+        "tokens_saved": saved("new_tokens"),
+        "layer_evals_saved": saved("layer_evals"),
     }
 
 
