@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import use_short_query_attention
+from .invariant import make_batch_invariant
 from .kv_cache import KVCache
 
 SUPPORTED = ("llama", "qwen2", "gemma3_text", "gemma3", "gpt2", "opt")
@@ -55,6 +56,8 @@ class LayeredModel:
         self.vocab_size = self.lm_head.out_features
         if self.kind in ("llama", "qwen2", "gemma3"):
             use_short_query_attention(hf_model)
+        if self.device.type == "cpu" and self.dtype != torch.float32:
+            make_batch_invariant(self.layers)
 
     @property
     def dtype(self) -> torch.dtype:
