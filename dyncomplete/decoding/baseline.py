@@ -53,11 +53,19 @@ class DecodingMethod:
             logits = heal.constrain(logits)
         emitter = Emitter(model.tokenizer, params, eos_ids_of(model), stats, on_text, cancelled,
                           healed=heal.tail_text if heal else "")
+        generator = make_generator(params)
         start = time.perf_counter()
         with torch.inference_mode():
-            self.decode(model, prompt_ids, logits, cache, emitter, make_generator(params))
+            self.prepare(model, prompt_ids, params, generator, stats)
+        stats.prefill_s += time.perf_counter() - start
+        start = time.perf_counter()
+        with torch.inference_mode():
+            self.decode(model, prompt_ids, logits, cache, emitter, generator)
         stats.decode_s = time.perf_counter() - start
         return Completion(emitter.text, emitter.ids, stats, emitter.healed)
+
+    def prepare(self, model, prompt_ids, params, generator, stats) -> None:
+        """Prompt work besides the model's own prompt pass (a draft model's); timed as prefill."""
 
     def decode(self, model, prompt_ids, logits, cache, emitter: Emitter, generator) -> None:
         raise NotImplementedError

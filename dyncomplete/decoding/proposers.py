@@ -197,9 +197,11 @@ class DraftModelProposer(Proposer):
         self.head_macs = head_macs(draft_model)
 
     def begin(self, model, prompt_ids, params, generator, stats):
+        """The draft model's own prompt pass (prefill work, timed as such by `prepare`)."""
         super().begin(model, prompt_ids, params, generator, stats)
         self.cache = self.draft.new_cache()
-        self.seen: list[int] = []
+        self._run(list(prompt_ids), 0)  # its logits go unused: drafts start after the first token
+        self.seen = list(prompt_ids)
 
     def _run(self, ids: list[int], start: int) -> torch.Tensor:
         self.stats.extra_macs += len(ids) * self.token_macs + self.head_macs

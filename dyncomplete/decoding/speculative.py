@@ -37,17 +37,19 @@ class SpeculativeDecoding(DecodingMethod):
     def __init__(self, proposer: Proposer):
         self.proposer = proposer
 
+    def prepare(self, model, prompt_ids, params, generator, stats):
+        if params.temperature > 0 and params.seed is not None:
+            # draft lengths decide how the seeded random stream is consumed: a seeded request
+            # starts from the priors, so that sending it again gives the same sample
+            self.proposer.reset()
+        self.proposer.begin(model, prompt_ids, params, generator, stats)
+
     def decode(self, model, prompt_ids, logits, cache, emitter, generator):
         stats, params, depth = emitter.stats, emitter.params, model.num_layers
         token = choose_token(logits, params, generator)
         stats.layer_evals, stats.head_evals = depth, 1  # the prompt pass's last position
         if emitter.emit(token, depth, "full"):
             return
-        if params.temperature > 0 and params.seed is not None:
-            # draft lengths decide how the seeded random stream is consumed: a seeded request
-            # starts from the priors, so that sending it again gives the same sample
-            self.proposer.reset()
-        self.proposer.begin(model, prompt_ids, params, generator, stats)
         try:
             self._steps(model, prompt_ids, token, cache, emitter, generator)
         finally:  # keep only real tokens: a caller may reuse the cache as a prefix cache
