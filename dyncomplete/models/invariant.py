@@ -38,14 +38,10 @@ def split_k_linear(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out if linear.bias is None else out + linear.bias
 
 
-def make_batch_invariant(layers) -> int:
+def make_batch_invariant(layers) -> None:
     """Give the wide linear layers inside `layers` (decoder layers of a low-precision CPU model)
-    the split reduction; they stay `torch.nn.Linear` (peft's LoRA still finds them). Returns how
-    many were changed."""
-    changed = 0
+    the split reduction; they stay `torch.nn.Linear`, so peft's LoRA still finds them."""
     for layer in layers:
         for module in layer.modules():
             if isinstance(module, torch.nn.Linear) and module.in_features > BLOCK:
                 module.forward = functools.partial(split_k_linear, module)
-                changed += 1
-    return changed
