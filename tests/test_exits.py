@@ -10,7 +10,7 @@ from dyncomplete.exits.classifier import Classifier, load_classifier, save_class
 from dyncomplete.exits.collect import code_chunks, collect
 from dyncomplete.exits.heads import default_path, lens_heads, load_heads
 from dyncomplete.exits.policies import make_policy
-from dyncomplete.exits.train import agreement, train_translators
+from dyncomplete.exits.train import agreement, least_squares_translator, train_translators
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,16 @@ def test_lens_is_final_norm_and_head(smollm):
     torch.testing.assert_close(heads.logits(8, h), smollm.head(smollm.final_norm(h)).float())
     with pytest.raises(ValueError):
         lens_heads(smollm, [0, smollm.num_layers])
+
+
+def test_least_squares_start_recovers_an_exact_affine_map():
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(400, 16, generator=gen)
+    weight, bias = torch.randn(16, 16, generator=gen), torch.randn(16, generator=gen)
+    gain = torch.rand(16, generator=gen) + 0.5
+    lin = least_squares_translator(hidden, (hidden @ weight.T + bias) * gain, gain)
+    torch.testing.assert_close(lin.weight.detach(), weight, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lin.bias.detach(), bias, atol=1e-4, rtol=1e-4)
 
 
 def test_training_improves_agreement_and_round_trips(smollm, tiny_data, tmp_path):

@@ -4,7 +4,7 @@ Exit layer e means "the hidden state after layers 0..e-1" (1 <= e < L). Every he
 model's own final norm and LM head (one shared head: its 49k-row matrix is the costliest part
 of a small model, so no head gets its own). `lens` applies them directly (the logit lens, the
 untrained reference); `translator` first applies a per-layer affine map trained to match the
-final layer's distribution (tuned-lens style, initialised to the identity).
+final layer's distribution (tuned-lens style, started from a least-squares fit).
 """
 
 from __future__ import annotations
@@ -74,15 +74,6 @@ class ExitHeads(torch.nn.Module):
         }
         path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
         return path
-
-
-def new_translator(model) -> torch.nn.Linear:
-    """An affine map initialised to the identity, in float32 for training."""
-    lin = torch.nn.Linear(model.hidden_size, model.hidden_size)
-    with torch.no_grad():
-        lin.weight.copy_(torch.eye(model.hidden_size))
-        lin.bias.zero_()
-    return lin
 
 
 def lens_heads(model, layers=None) -> ExitHeads:

@@ -1,5 +1,11 @@
 """Train per-layer translators (frozen model) to match the final layer's next-token distribution.
 
+Each map starts from the least-squares fit of the final layer's normed hidden state (divided by
+the norm's gain: RMS norm ignores scale, so this is what the map must produce). That fit alone
+beats hundreds of KL steps from the identity; a KL fine-tune with a small learning rate then
+aligns it with the predictions (SmolLM2, layer 24: identity + 1500 steps 0.69 top-1 agreement,
+least squares alone 0.73, least squares + 1500 steps 0.82).
+
 The full 49k-token head is the costly part of every step on a CPU, so the loss is a KL over a
 shortlist: the most frequent teacher tokens of the data plus the teacher's top-k of the batch.
 The student is thereby penalised for mass on every plausible token, at a few percent of the
@@ -14,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from .collect import Collected
-from .heads import ExitHeads, new_translator
+from .heads import ExitHeads
 
 
 def shortlist_base(data: Collected, size: int) -> torch.Tensor:
@@ -24,16 +30,17 @@ def shortlist_base(data: Collected, size: int) -> torch.Tensor:
 
 
 def train_translators(
-    model, data: Collected, steps: int = 200, batch: int = 384, lr: float = 1e-3,
+    model, data: Collected, steps: int = 200, batch: int = 384, lr: float = 1e-4,
     base_vocab: int = 768, teacher_top: int = 4, seed: int = 0, progress: bool = True,
 ) -> ExitHeads:
     gen = torch.Generator().manual_seed(seed)
     weight = model.lm_head.weight.detach().float()
     base = shortlist_base(data, base_vocab)
-    maps = {e: new_translator(model) for e in data.layers}
+    norm = _float_final_norm(model)
+    gain = norm(torch.ones(1, model.hidden_size))[0]  # llama/qwen2: the weight; gemma3: 1 + weight
+    maps = {e: least_squares_translator(data.hidden[e], data.final_normed, gain) for e in data.layers}
     opts = {e: torch.optim.Adam(maps[e].parameters(), lr=lr) for e in data.layers}
     scheds = {e: torch.optim.lr_scheduler.CosineAnnealingLR(opts[e], steps) for e in data.layers}
-    norm = _float_final_norm(model)
     bar = tqdm(range(steps), desc="train translators", disable=not progress)
     for _ in bar:
         idx = torch.randint(len(data), (batch,), generator=gen)
@@ -53,6 +60,19 @@ def train_translators(
     for lin in maps.values():
         lin.to(model.dtype).requires_grad_(False)
     return ExitHeads(model, data.layers, "translator", maps)
+
+
+def least_squares_translator(hidden: torch.Tensor, final_normed: torch.Tensor, gain: torch.Tensor) -> torch.nn.Linear:
+    """The affine map (float32) closest in squared error to the final hidden state before its
+    norm's gain, from the hidden states of one exit layer."""
+    x = torch.cat([hidden.float(), torch.ones(len(hidden), 1)], 1)
+    gain = torch.where(gain.abs() < 1e-3, 1e-3, gain.float())  # a zero gain would make any target fit
+    solution = torch.linalg.lstsq(x, final_normed.float() / gain).solution  # (d + 1, d)
+    lin = torch.nn.Linear(hidden.shape[1], hidden.shape[1])
+    with torch.no_grad():
+        lin.weight.copy_(solution[:-1].T)
+        lin.bias.copy_(solution[-1])
+    return lin
 
 
 def _float_final_norm(model):
