@@ -114,8 +114,12 @@ def test_method_names():
     assert parse("confidence@0.9/lens/kv=propagate") == ("confidence@0.9", {"lens": "1", "kv": "propagate"})
     assert parse("confidence/lens@0.9") == ("confidence@0.9", {"lens": "1"})
     assert parse("margin@0.5/min=24") == ("margin@0.5", {"min": "24"})
+    assert parse("margin/heads=runs/q/h.safetensors/kv=propagate@0.5") == (
+        "margin@0.5", {"heads": "runs/q/h.safetensors", "kv": "propagate"})
     with pytest.raises(ValueError):
         parse("confidence@0.9/bogus")
+    with pytest.raises(ValueError):
+        parse("confidence@0.9/lens/bogus")
 
 
 def test_bad_names_are_refused(smollm):

@@ -129,20 +129,26 @@ def propagate_kv(model, layers, hidden, ctx, cache) -> None:
 
 
 _THRESHOLD = re.compile(r"@([-+0-9.eE]+)")
+OPTIONS = ("lens", "heads", "kv", "min")
 
 
 def parse(arg: str) -> tuple[str, dict[str, str]]:
     """`confidence@0.9/lens/kv=propagate` (or with `@0.9` last) -> ("confidence@0.9", options)."""
     found = _THRESHOLD.search(arg)
     rest = _THRESHOLD.sub("", arg, count=1) if found else arg
-    name, *opts = rest.split("/")
-    options = {}
-    for opt in opts:
-        key, sep, value = opt.partition("=")
-        options[key] = value if sep else "1"
-    unknown = set(options) - {"lens", "heads", "kv", "min"}
-    if unknown or not name:
-        raise ValueError(f"bad early-exit method {arg!r}: use POLICY@T[/lens][/heads=PATH][/min=N][/kv=catchup|propagate]")
+    name, *parts = rest.split("/")
+    options, last = {}, None
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if key in OPTIONS:
+            options[key] = value if sep else "1"
+            last = key
+        elif last == "heads":  # a path's own slashes: runs/qwen/exit_heads.safetensors
+            options["heads"] += "/" + part
+        else:
+            raise ValueError(f"bad early-exit method {arg!r}: use POLICY@T[/lens][/heads=PATH][/min=N][/kv=catchup|propagate]")
+    if not name:
+        raise ValueError(f"bad early-exit method {arg!r}: no policy")
     return name + (f"@{found.group(1)}" if found else ""), options
 
 
