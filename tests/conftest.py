@@ -1,8 +1,21 @@
-"""Shared fixtures: the real default model, loaded once per test session."""
+"""Shared fixtures: the real default model, loaded once per test session.
+
+Tests that need model weights carry the `model` marker: every test using one of the fixtures
+below gets it here, and the few that load a model themselves are marked where they are written.
+`pytest -m "not model"` is the fast tier (no weights needed).
+"""
 
 import pytest
 
 from dyncomplete.models import load
+
+MODEL_FIXTURES = {"smollm", "smollm_bf16", "qwen05", "served"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +46,7 @@ SERVE_KEY = "test-key"
 def served():
     """A real `dyncomplete serve` process (float32 smollm2-135m, API key SERVE_KEY) on a free port:
     (base URL, Popen). Shared by the server and web-page tests."""
-    from dyncomplete.serve.launch import running_server
+    from dyncomplete.bench.launch import running_server
 
     options = ["--dtype", "float32", "--api-key", SERVE_KEY, "--queue-size", "64", "--timeout", "120",
                "--max-tokens-limit", "256", "--context-budget", "256", "--cache-mb", "64"]

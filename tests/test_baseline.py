@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dyncomplete.decoding import Baseline, GenerationParams
-from dyncomplete.decoding.api import eos_ids_of
+from dyncomplete.engine import GenerationParams
+from dyncomplete.methods.baseline import Baseline
+from dyncomplete.engine import eos_ids_of
 
 
 def stdlib_prompts(n=20, chars=400):
@@ -31,6 +32,7 @@ def strip_eos(tokens, eos):
     return tokens[: next((i for i, t in enumerate(tokens) if t in eos), len(tokens))]
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("fixture", ["smollm", "smollm_bf16", "qwen05"])
 def test_greedy_identical_to_generate_on_20_stdlib_prompts(fixture, request):
     model = request.getfixturevalue(fixture)

@@ -78,7 +78,7 @@ def bench(out, *extra):
                  "--no-progress", "--json", "--context-budget", "256", *extra])
 
 
-@pytest.mark.slow
+@pytest.mark.model
 def test_bench_end_to_end_identical_greedy_and_resume(tmp_path, capsys):
     out = tmp_path / "run"
     methods = "baseline,hf-generate"
@@ -114,10 +114,10 @@ def test_bench_end_to_end_identical_greedy_and_resume(tmp_path, capsys):
     assert "holds a run with dtype 'float32'" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_hf_prompt_lookup_counts_drafts_and_matches_baseline(smollm):
-    from dyncomplete.decoding import Baseline, GenerationParams
+    from dyncomplete.engine import GenerationParams
     from dyncomplete.methods import make_method
+    from dyncomplete.methods.baseline import Baseline
 
     ids = smollm.tokenizer("a = [1, 2, 3]\nb = [1, 2, 3]\nc = [1, 2,", add_special_tokens=False).input_ids
     params = GenerationParams(max_new_tokens=10)

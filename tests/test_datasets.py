@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from dyncomplete.bench.datasets import HUMANEVAL_STOP, load_dataset, program
+from dyncomplete.data.datasets import HUMANEVAL_STOP, load_dataset, program
 from dyncomplete.bench.execution import run_program
-from dyncomplete.bench.linecut import build_line_completion, candidate_lines
-from dyncomplete.bench.splits import split_of
+from dyncomplete.data.linecut import build_line_completion, candidate_lines
+from dyncomplete.data.splits import split_of
 from dyncomplete.cli import main
 
 SAMPLE = '''"""Module docstring

@@ -4,8 +4,9 @@ equal to a reference built with the real decoder layers, and honest work counts.
 import pytest
 import torch
 
-from dyncomplete.decoding import Baseline, GenerationParams, Stats
-from dyncomplete.decoding.early_exit import EarlyExit, factory, parse
+from dyncomplete.engine import GenerationParams, Stats
+from dyncomplete.methods.baseline import Baseline
+from dyncomplete.methods.early_exit import EarlyExit
 from dyncomplete.exits.heads import lens_heads
 from dyncomplete.exits.policies import make_policy
 from dyncomplete.methods import make_method
@@ -60,8 +61,8 @@ def test_catch_up_leaves_an_exact_cache(smollm):
     tokens = ids_of(smollm, "    return a * b\n")[:5]
     heads = lens_heads(smollm, [10, 20])
     # exit at 20, then at 10 (resume layers 20, 10, ... never increase), then a deep token
-    method = EarlyExit(heads, make_policy("static@10", smollm, heads))
-    cache, pending, stats, depths = run_exits(smollm, EarlyExit(heads, make_policy("static@20", smollm, heads)), ids, tokens[:2])
+    method = EarlyExit(heads, make_policy("static", 10, smollm, heads))
+    cache, pending, stats, depths = run_exits(smollm, EarlyExit(heads, make_policy("static", 20, smollm, heads)), ids, tokens[:2])
     assert depths == [20, 20] and len(pending) == 2
     with torch.inference_mode():
         _, d, pending = method.step(smollm, tokens[2], len(ids) + 2, cache, pending, stats)
@@ -79,7 +80,7 @@ def test_propagation_matches_a_reference_built_with_the_real_layers(smollm):
     ids = ids_of(smollm, "import os\nimport sys\n\nfor name in os.listdir(")
     tokens = ids_of(smollm, "path):\n    print(name)")[:4]
     heads = lens_heads(smollm, [18])
-    method = EarlyExit(heads, make_policy("static@18", smollm, heads), kv="propagate")
+    method = EarlyExit(heads, make_policy("static", 18, smollm, heads), kv="propagate")
     cache, pending, stats, depths = run_exits(smollm, method, ids, tokens[:3])
     assert depths == [18, 18, 18] and pending == [] and set(cache.lengths) == {len(ids) + 3}
     method.policy = Never()
@@ -110,25 +111,13 @@ def test_counts_heads_and_exits(smollm):
     assert s.layer_evals == 30 + 5 * 20 and s.head_evals == 6
 
 
-def test_method_names():
-    assert parse("confidence@0.9/lens/kv=propagate") == ("confidence@0.9", {"lens": "1", "kv": "propagate"})
-    assert parse("confidence/lens@0.9") == ("confidence@0.9", {"lens": "1"})
-    assert parse("margin@0.5/min=24") == ("margin@0.5", {"min": "24"})
-    assert parse("margin/heads=runs/q/h.safetensors/kv=propagate@0.5") == (
-        "margin@0.5", {"heads": "runs/q/h.safetensors", "kv": "propagate"})
-    with pytest.raises(ValueError):
-        parse("confidence@0.9/bogus")
-    with pytest.raises(ValueError):
-        parse("confidence@0.9/lens/bogus")
-
-
 def test_bad_names_are_refused(smollm):
     with pytest.raises(ValueError, match="unknown exit policy"):
-        factory("nonsense@0.5", smollm)
+        make_method("early-exit:nonsense@0.5", smollm)
     with pytest.raises(ValueError, match="threshold"):
-        factory("confidence", smollm)
+        make_method("early-exit:confidence", smollm)
     with pytest.raises(ValueError, match="kv"):
-        factory("confidence@0.5/kv=magic", smollm)
+        make_method("early-exit:confidence@0.5/kv=magic", smollm)
     with pytest.raises(ValueError, match="no exit layer"):
-        factory("confidence@0.5/min=29", smollm)
-    assert factory("confidence@0.5/min=24", smollm).exits == {24, 26, 28}
+        make_method("early-exit:confidence@0.5/min=29", smollm)
+    assert make_method("early-exit:confidence@0.5/min=24", smollm).exits == {24, 26, 28}

@@ -4,8 +4,9 @@ import time
 
 import pytest
 
-from dyncomplete.decoding import Baseline, GenerationParams
-from dyncomplete.decoding.api import Stats
+from dyncomplete.engine import GenerationParams
+from dyncomplete.methods.baseline import Baseline
+from dyncomplete.engine import Stats
 from dyncomplete.energy import compute_per_token, open_meter
 from dyncomplete.energy.meters import EstimateMeter, RaplMeter
 from dyncomplete.energy.work import head_macs, layer_macs

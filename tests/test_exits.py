@@ -5,12 +5,13 @@ import json
 import pytest
 import torch
 
-from dyncomplete.exits.calibrate import calibrate, layer_signals, simulate
-from dyncomplete.exits.classifier import Classifier, load_classifier, save_classifier, train_classifier
-from dyncomplete.exits.collect import code_chunks, collect
+from dyncomplete.training.calibrate import calibrate, layer_signals, simulate
+from dyncomplete.exits.classifier import Classifier, load_classifier
+from dyncomplete.training.collect import code_chunks, collect
 from dyncomplete.exits.heads import default_path, lens_heads, load_heads
 from dyncomplete.exits.policies import make_policy
-from dyncomplete.exits.train import agreement, least_squares_translator, train_translators
+from dyncomplete.training.classifier import save_classifier, train_classifier
+from dyncomplete.training.translators import agreement, least_squares_translator, train_translators
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +73,16 @@ def test_strict_thresholds_never_fire(smollm):
     one_hot = torch.full((smollm.vocab_size,), -1e4)
     one_hot[7] = 1e4
     h = torch.randn(smollm.hidden_size)
-    assert not make_policy("confidence@1.0", smollm, None).decide(20, h, one_hot)
-    assert make_policy("confidence@0.99", smollm, None).decide(20, h, one_hot)
-    assert not make_policy("margin@1.0", smollm, None).decide(20, h, one_hot)
-    assert not make_policy("entropy@0", smollm, None).decide(20, h, one_hot)
-    sat = make_policy("saturation@0.5", smollm, None)
+    assert not make_policy("confidence", 1.0, smollm, None).decide(20, h, one_hot)
+    assert make_policy("confidence", 0.99, smollm, None).decide(20, h, one_hot)
+    assert not make_policy("margin", 1.0, smollm, None).decide(20, h, one_hot)
+    assert not make_policy("entropy", 0, smollm, None).decide(20, h, one_hot)
+    sat = make_policy("saturation", 0.5, smollm, None)
     assert not sat.decide(20, h, None) and sat.decide(22, h * 2, None)  # first check: nothing to compare
     sat.reset()
     assert not sat.decide(22, h, None)
-    assert make_policy("static@20", smollm, None).decide(20, h, None)
-    assert not make_policy("static@20", smollm, None).decide(18, h, None)
+    assert make_policy("static", 20, smollm, None).decide(20, h, None)
+    assert not make_policy("static", 20, smollm, None).decide(18, h, None)
 
 
 def test_simulate_and_calibrate_on_known_signals(smollm):

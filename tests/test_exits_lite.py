@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from dyncomplete.exits.collect import code_chunks
-from dyncomplete.exits.lite import lite_weights, train_lite
+from dyncomplete.training.collect import code_chunks
+from dyncomplete.training.lite import lite_weights, train_lite
 from dyncomplete.models import load
 
 
@@ -15,6 +15,7 @@ def test_weights_follow_the_recipe():
     assert w[8] / w[4] == pytest.approx(0.9) and w[20] / w[16] == pytest.approx(0.9)
 
 
+@pytest.mark.model
 def test_short_lora_run_lowers_the_loss():
     model = load("smollm2-135m", dtype="float32", progress=lambda m: None)  # own copy: LoRA edits it
     torch.manual_seed(0)

@@ -3,10 +3,12 @@
 import pytest
 import torch
 
-from dyncomplete.decoding import Baseline, GenerationParams
-from dyncomplete.exits.collect import SKIP, code_chunks, collect
-from dyncomplete.exits.stop_rule import StopRule, train_stop_rule, wrong_labels
+from dyncomplete.engine import GenerationParams
+from dyncomplete.methods.baseline import Baseline
 from dyncomplete.methods import make_method
+from dyncomplete.methods.stop_rule import StopRule
+from dyncomplete.training.collect import SKIP, code_chunks, collect
+from dyncomplete.training.stop_rule import train_stop_rule, wrong_labels
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +35,11 @@ def test_wrapper_stops_before_the_token_and_restores_the_head(smollm, chunk_data
     assert never.token_ids == base.token_ids and never.stats.extra_macs > 0
     always = StopRule(Baseline(), -1.0, mlp).generate(smollm, ids, params)
     assert always.token_ids == [] and always.stats.stopped_by == "stop_rule"
-    assert "head" not in vars(smollm)  # the tap is gone after generation
+    assert smollm.head_tap is None  # the tap is gone after generation
 
 
 def test_unknown_wrapper_is_refused(smollm):
-    with pytest.raises(ValueError, match="unknown wrapper"):
+    with pytest.raises(ValueError, match="unknown method"):
         make_method("baseline+nonsense:1", smollm)
     with pytest.raises(ValueError, match="threshold"):
         make_method("baseline+stop:x", smollm)
@@ -46,3 +48,18 @@ def test_unknown_wrapper_is_refused(smollm):
 def test_shipped_stop_rule_and_classifier_build(smollm):
     method = make_method("early-exit:classifier@0.99+stop:0.9", smollm)
     assert isinstance(method, StopRule) and method.inner.policy.mlps.keys() == set(method.inner.heads.layers)
+
+
+@pytest.mark.parametrize("inner", ["lookup", "self-spec", "lookup+self", "early-exit:rl@0.99"])
+def test_wrapper_runs_the_inner_methods_prompt_work(smollm, inner):
+    """`+stop` over a method with prompt work (`prepare`: lookup's index, a proposer's statistics)
+    decodes like the method alone when the rule never fires."""
+    ids = smollm.tokenizer("def area(r):\n    return 3.14 *", add_special_tokens=False).input_ids
+    params = GenerationParams(max_new_tokens=8)
+    wrapped = make_method(f"{inner}+stop:1.0", smollm).generate(smollm, ids, params)
+    assert wrapped.token_ids == make_method(inner, smollm).generate(smollm, ids, params).token_ids
+
+
+def test_wrapper_refuses_a_method_that_does_not_use_our_loop(smollm):
+    with pytest.raises(ValueError, match="cannot wrap"):
+        make_method("hf-generate+stop:0.5", smollm)

@@ -1,8 +1,8 @@
 """Token healing: a prompt cut at a line start (as an editor sends it) still gets its next line."""
 
-from dyncomplete.decoding import GenerationParams, healing
+from dyncomplete.engine import GenerationParams, healing
 from dyncomplete.methods import make_method
-from dyncomplete.prompts import build_prompt
+from dyncomplete.engine.prompts import build_prompt
 from dyncomplete.serve.report import token_pieces
 
 # The prompt ends in "\n"; SmolLM2's vocabulary merges "\n" with the next line's indentation, so

@@ -80,6 +80,7 @@ def test_local_directory_and_missing_gguf(smollm, tmp_path):
     assert model.num_layers == 30
 
 
+@pytest.mark.model
 def test_models_json(capsys):
     assert main(["models", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -89,6 +90,7 @@ def test_models_json(capsys):
     assert 130e6 < smol["params"] < 140e6
 
 
+@pytest.mark.model
 def test_complete_json(capsys, monkeypatch):
     import io
 
@@ -100,6 +102,7 @@ def test_complete_json(capsys, monkeypatch):
     assert out["stats"]["layer_evals_per_token"] == 30
 
 
+@pytest.mark.model
 def test_a_gguf_path_is_converted_once_and_loads(tmp_cache):
     import importlib.util
 

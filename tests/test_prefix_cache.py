@@ -6,10 +6,11 @@ import inspect
 import pytest
 import torch
 
-from dyncomplete.decoding import Baseline, GenerationParams
+from dyncomplete.engine import GenerationParams
+from dyncomplete.methods.baseline import Baseline
 from dyncomplete.models import KVCache, layered
 from dyncomplete.serve.prefix_cache import PrefixCache
-from dyncomplete.serve.window import stable_prefix
+from dyncomplete.engine.window import stable_prefix
 
 SOURCE = inspect.getsource(layered)  # real code, about 8k characters
 

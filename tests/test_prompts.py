@@ -2,7 +2,7 @@
 
 import pytest
 
-from dyncomplete.prompts import build_prompt, fim_tokens
+from dyncomplete.engine.prompts import build_prompt, fim_tokens
 
 
 def test_smollm_has_no_fim_and_says_so(smollm):
@@ -15,8 +15,18 @@ def test_smollm_has_no_fim_and_says_so(smollm):
 def test_budget_keeps_the_end_of_the_prefix(smollm):
     prefix = "".join(f"x{i} = {i}\n" for i in range(400))
     p = build_prompt(smollm.tokenizer, prefix, budget=64)
-    assert len(p.ids) == 64 and p.truncated
-    assert smollm.tokenizer.decode(p.ids).endswith("x399 = 399\n")
+    text = smollm.tokenizer.decode(p.ids)
+    assert 48 <= len(p.ids) <= 64 and p.truncated  # cut at a stable line start (window.stable_prefix)
+    assert text.endswith("x399 = 399\n") and text.startswith("x")
+
+
+def test_a_long_prefix_is_cut_at_a_line_start_that_moves_in_steps():
+    tok = FimTokenizer()
+    prefix = "".join(f"line {i:03d}\n" for i in range(60))
+    cuts = [build_prompt(tok, prefix + "x" * typed, budget=64) for typed in range(6)]
+    assert all(p.truncated and 48 <= len(p.ids) <= 64 for p in cuts)
+    assert all(chr(p.ids[0]) == "l" for p in cuts)  # a line start
+    assert len({tuple(p.ids[:10]) for p in cuts}) <= 2  # typing keeps the prompt's start
 
 
 class FimTokenizer:
@@ -27,18 +37,19 @@ class FimTokenizer:
     def get_vocab(self):
         return dict(self.specials)
 
-    def __call__(self, text, add_special_tokens=False):
-        return type("Enc", (), {"input_ids": [ord(c) for c in text]})
+    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+        return type("Enc", (), {"input_ids": [ord(c) for c in text],
+                                "offset_mapping": [(i, i + 1) for i in range(len(text))]})
 
 
 def test_fim_layout_and_budget_split():
     tok = FimTokenizer()
     p = build_prompt(tok, "abc", "xyz")
     assert p.fim and p.ids == [1000, 97, 98, 99, 1001, 120, 121, 122, 1002]
-    p = build_prompt(tok, "a" * 100, "b" * 100, budget=43)
-    assert len(p.ids) == 43 and p.truncated
-    assert p.ids[1:31] == [97] * 30  # the prefix keeps its end, three quarters of the room
-    assert p.ids[32:42] == [98] * 10  # the suffix keeps its start
+    p = build_prompt(tok, "a" * 100, "b" * 100, budget=44)
+    assert len(p.ids) == 44 and p.truncated
+    assert p.ids[1:32] == [97] * 31  # the prefix keeps its end, three quarters of the room
+    assert p.ids[33:43] == [98] * 10  # the suffix keeps its start
 
 
 def test_empty_prompt_and_tiny_budget_are_refused(smollm):

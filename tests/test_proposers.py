@@ -2,28 +2,47 @@
 
 import torch
 
-from dyncomplete.decoding import GenerationParams, Stats
-from dyncomplete.decoding.draft_control import (AcceptanceTracker, ConfidenceStop, EntropyStop, ExitLayerController,
+from dyncomplete.engine import GenerationParams, Stats
+from dyncomplete.methods.draft_control import (AcceptanceTracker, ConfidenceStop, EntropyStop, ExitLayerController,
                                                 best_length, expected_tokens)
-from dyncomplete.decoding.proposers import LookupProposer, SelfDraftProposer
+from dyncomplete.methods.proposers import LookupProposer, SelfDraftProposer
 from dyncomplete.exits.heads import lens_heads
 
 
-def test_lookup_drafts_what_followed_the_latest_longest_match(smollm):
+def lookup_on(context: list[int], **kwargs) -> tuple[LookupProposer, list[int]]:
+    """A lookup proposer over plain integer token ids (it needs no model)."""
+    lookup = LookupProposer(**kwargs)
+    lookup.begin(None, context, GenerationParams(), None, Stats())
+    return lookup, lookup.propose(None, None, context, len(context) - 1).tokens
+
+
+def test_lookup_drafts_what_followed_the_latest_longest_match():
+    #          a  b  c  X  Y  .  a  b  c  Z  W  .  a  b  c
+    context = [1, 2, 3, 7, 8, 0, 1, 2, 3, 5, 6, 0, 1, 2, 3]
+    lookup, draft = lookup_on(context, max_draft=10)
+    assert lookup.matched == 3 and draft  # the latest occurrence of the 3-gram, as far as it pays
+    assert draft == [5, 6, 0, 1, 2, 3][: len(draft)]
+
+
+def test_lookup_falls_back_to_shorter_ngrams_and_never_drafts_the_suffix_itself():
+    lookup, draft = lookup_on([4, 9, 1, 5, 9], max_draft=2)
+    assert lookup.matched == 1 and draft and draft == [1, 5][: len(draft)]
+    lookup, draft = lookup_on([4, 9, 1, 5, 6])
+    assert lookup.matched == 0 and draft == []  # the last token alone is no match
+
+
+def test_lookup_grows_its_index_with_the_context():
+    lookup, _ = lookup_on([1, 2, 3])
+    context = [1, 2, 3, 4, 1, 2]
+    draft = lookup.propose(None, None, context, len(context) - 1).tokens
+    assert draft and draft == [3, 4, 1, 2][: len(draft)]
+
+
+def test_lookup_on_real_code(smollm):
     ids = smollm.tokenizer("total = add(a, b)\nprint(total)\nresult = add(a, c)\nprint(", add_special_tokens=False).input_ids
-    lookup = LookupProposer(max_draft=10)
-    lookup.begin(smollm, ids, GenerationParams(), None, Stats())
-    draft = lookup.propose(smollm, None, ids, len(ids) - 1)
-    text = smollm.tokenizer.decode(draft.tokens)
-    assert draft.tokens and "total)\nresult".startswith(text), text
-    assert lookup.matched == 3  # the longest n-gram size tried
-
-
-def test_lookup_without_a_match_drafts_nothing(smollm):
-    ids = smollm.tokenizer("alpha beta gamma", add_special_tokens=False).input_ids
-    lookup = LookupProposer()
-    lookup.begin(smollm, ids, GenerationParams(), None, Stats())
-    assert lookup.propose(smollm, None, ids, len(ids) - 1).tokens == []
+    lookup, draft = lookup_on(ids, max_draft=10)
+    text = smollm.tokenizer.decode(draft)
+    assert draft and "total)\nresult".startswith(text), text
 
 
 def test_lookup_length_follows_acceptance():

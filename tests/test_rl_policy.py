@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from dyncomplete.decoding import GenerationParams
-from dyncomplete.exits.collect import SKIP, code_chunks, collect
+from dyncomplete.engine import GenerationParams
+from dyncomplete.training.collect import SKIP, code_chunks, collect
 from dyncomplete.exits.heads import lens_heads
-from dyncomplete.exits.rl.data import precompute
+from dyncomplete.training.rl.data import precompute
 from dyncomplete.methods import make_method
 
 PROMPT = "import os\n\n\ndef list_python_files(root):\n    result = []\n    for name in sorted(os.listdir(root)):\n"
@@ -17,7 +17,6 @@ def generate(model, method: str):
     return make_method(method, model).generate(model, ids, GenerationParams(max_new_tokens=12))
 
 
-@pytest.mark.slow
 def test_threshold_one_never_exits_and_zero_always_does(smollm):
     base = generate(smollm, "baseline")
     strict = generate(smollm, "early-exit:rl@1.0")
@@ -28,7 +27,6 @@ def test_threshold_one_never_exits_and_zero_always_does(smollm):
     assert max(eager.stats.token_layers[1:]) < smollm.num_layers
 
 
-@pytest.mark.slow
 def test_precompute_aligns_predictions_and_next_tokens(smollm):
     heads = lens_heads(smollm, [10, 20])
     ids = code_chunks(smollm.tokenizer, "train", 1, 64, seed=1)[0]  # twice: a chunk boundary inside

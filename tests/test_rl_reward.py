@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from dyncomplete.exits.rl.data import ExitData
-from dyncomplete.exits.rl.env import ExitEnv
-from dyncomplete.exits.rl.reward import CONTINUE, EXIT, RewardConfig, optimal_exits
+from dyncomplete.training.rl.data import ExitData
+from dyncomplete.training.rl.env import ExitEnv
+from dyncomplete.exits.agent import CONTINUE, EXIT
+from dyncomplete.training.rl.reward import RewardConfig, optimal_exits
 
 PYTHON = RewardConfig(alpha=1.0, beta=0.5, gamma=0.5)
 JAVA = RewardConfig(alpha=1.0, beta=1.0, gamma=1.0)

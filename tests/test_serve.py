@@ -11,7 +11,8 @@ import openai
 import pytest
 from conftest import SERVE_KEY
 
-from dyncomplete.decoding import Baseline, GenerationParams
+from dyncomplete.engine import GenerationParams
+from dyncomplete.methods.baseline import Baseline
 
 MODEL = "smollm2-135m"
 AUTH = {"Authorization": f"Bearer {SERVE_KEY}"}

@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import SERVE_KEY
 
 from dyncomplete.cli import main
-from dyncomplete.serve.session import pauses_of
+from dyncomplete.bench.session import pauses_of
 
 
 def test_pauses_follow_the_typed_file(tmp_path):

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dyncomplete.decoding import GenerationParams
+from dyncomplete.engine import GenerationParams
 from dyncomplete.serve.prefix_cache import PrefixCache
 from dyncomplete.serve.worker import Busy, Job, Worker
 

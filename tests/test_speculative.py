@@ -8,11 +8,12 @@ from scipy.stats import chisquare
 from test_baseline import stdlib_prompts
 
 from dyncomplete import methods
-from dyncomplete.decoding import Baseline, GenerationParams
-from dyncomplete.decoding.api import sampling_probs
-from dyncomplete.decoding.proposers import DraftModelProposer, LookupProposer, SelfDraftProposer
-from dyncomplete.decoding.speculative import SpeculativeDecoding
-from dyncomplete.decoding.verify import accept_sampled
+from dyncomplete.engine import GenerationParams
+from dyncomplete.methods.baseline import Baseline
+from dyncomplete.engine.sampling import sampling_probs
+from dyncomplete.methods.proposers import DraftModelProposer, LookupProposer, SelfDraftProposer
+from dyncomplete.methods.speculative import SpeculativeDecoding
+from dyncomplete.methods.verify import accept_sampled
 from dyncomplete.exits.heads import lens_heads, load_heads
 from dyncomplete.models import load
 

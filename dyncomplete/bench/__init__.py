@@ -1,1 +1,2 @@
-"""Benchmark: datasets, metrics, the runner and reports."""
+"""Benchmark: the runner, metrics, the sandbox for generated code, reports and plots, and the
+editor-session replay through a real server."""

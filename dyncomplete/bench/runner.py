@@ -13,11 +13,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..decoding.api import Stats
-from ..energy import compute_per_token
+from ..data.datasets import Dataset, program
+from ..engine import Stats, build_prompt
 from ..methods import make_method
-from ..prompts import build_prompt
-from .datasets import Dataset, program
 from .execution import run_program
 from .metrics import score
 
@@ -77,7 +75,7 @@ def record_of(example, name, completion, prompt, measurement, model, has_tests) 
         "target": example["gt"],
         "metrics": evaluate(example, completion.text, has_tests),
         "stats": s,
-        "compute_per_token": compute_per_token(stats, model),
+        "compute_per_token": stats.summary(model)["compute_per_token"],
         "energy_j": measurement.joules,
         "energy_source": measurement.source,
         "energy_formula": measurement.formula,

@@ -9,6 +9,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..methods import parse_method
 from ._common import add_model_options, load_from_args
 
 
@@ -24,7 +25,10 @@ def method_list(methods: str, sweeps: list[str]) -> tuple[list[str], dict[str, l
             raise ValueError(f"--sweep takes FAMILY@T1,T2,..., e.g. early-exit:confidence@0.5,0.7,0.9; got {spec!r}")
         families[family] = [f"{family}@{t}" for t in values]
         names += families[family]
-    return list(dict.fromkeys(names)), families
+    names = list(dict.fromkeys(names))
+    for name in names:  # refuse a bad name before loading anything
+        parse_method(name)
+    return names, families
 
 
 def cpu_name() -> str:
@@ -40,7 +44,7 @@ def cpu_name() -> str:
 def run(args) -> int:
     import torch
 
-    from ..bench.datasets import load_dataset
+    from ..data.datasets import load_dataset
     from ..bench.plots import plot_sweeps, plot_tradeoff
     from ..bench.report import render
     from ..bench.runner import run_bench

@@ -12,7 +12,7 @@ from ._common import add_model_options
 
 def default_sources(count: int) -> list[Path]:
     """The first `count` files of the standard library's test split with at least 200 lines."""
-    from ..bench.splits import source_files
+    from ..data.splits import source_files
 
     long = [p for p in source_files(split="test") if p.read_text(errors="replace").count("\n") >= 200]
     return long[:count]
@@ -42,11 +42,11 @@ def print_table(report: dict) -> None:
 def run(args) -> int:
     import signal
 
-    from ..serve.launch import running_server
+    from ..bench.launch import running_server
 
     # A terminated benchmark must still stop the server it started (the context manager's exit).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from ..serve.session import pauses_of, replay
+    from ..bench.session import pauses_of, replay
 
     sources = [Path(s) for s in args.source] if args.source else default_sources(args.files)
     pauses = [p for path in sources for p in pauses_of(path, args.start, args.lines)]

@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..exits.policies import POLICIES
 from ._common import add_model_options, load_from_args
-
-POLICIES = ("static", "confidence", "entropy", "margin", "saturation", "classifier")
 
 
 def run(args) -> int:
-    from ..exits.calibrate import calibrate, layer_signals, score_of
-    from ..exits.collect import cached_collect
     from ..exits.heads import lens_heads, load_heads
+    from ..training.calibrate import calibrate, layer_signals, score_of
+    from ..training.collect import cached_collect
 
     model = load_from_args(args)
     heads = load_heads(model, args.heads)
@@ -22,7 +21,7 @@ def run(args) -> int:
         heads = lens_heads(model, heads.layers)
     data = cached_collect(model, heads.layers, "calib", args.tokens)
     signals = layer_signals(heads, data)
-    names = POLICIES if args.policy == "all" else args.policy.split(",")
+    names = list(POLICIES) if args.policy == "all" else args.policy.split(",")
     results = {}
     for name in names:
         signals.scores[name] = score_of(name, heads, signals, data)

@@ -11,9 +11,8 @@ from ._common import add_model_options, load_from_args
 
 
 def run(args) -> int:
-    from ..decoding import GenerationParams
+    from ..engine import GenerationParams, build_prompt
     from ..methods import make_method
-    from ..prompts import build_prompt
 
     prefix = Path(args.prefix_file).read_text() if args.prefix_file else sys.stdin.read()
     suffix = Path(args.suffix_file).read_text() if args.suffix_file else None
@@ -33,19 +32,8 @@ def run(args) -> int:
     method = make_method(args.method, model)
     result = method.generate(model, prompt.ids, params)
     if args.json:
-        s = result.stats
-        stats = {
-            "prompt_tokens": s.prompt_tokens,
-            "new_tokens": s.new_tokens,
-            "prefill_s": round(s.prefill_s, 4),
-            "decode_s": round(s.decode_s, 4),
-            "layer_evals_per_token": s.layer_evals_per_token,
-            "model": model.name,
-            "method": method.name,
-            "stopped_by": s.stopped_by,
-            "fim": prompt.fim,
-            "truncated_prompt": prompt.truncated,
-        }
+        stats = {**result.stats.summary(model), "model": model.name, "fim": prompt.fim,
+                 "truncated_prompt": prompt.truncated}
         print(json.dumps({"completion": result.text, "stats": stats}))
     else:
         print(result.text)

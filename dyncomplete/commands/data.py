@@ -8,8 +8,8 @@ from pathlib import Path
 
 
 def line_completion(args) -> int:
-    from ..bench.datasets import write_jsonl
-    from ..bench.linecut import build_line_completion
+    from ..data.datasets import write_jsonl
+    from ..data.linecut import build_line_completion
 
     split = args.split or ("all" if args.source else "test")
     examples = build_line_completion(args.source, args.lang, args.n, args.seed, None if split == "all" else split,
@@ -21,7 +21,7 @@ def line_completion(args) -> int:
 
 
 def splits(args) -> int:
-    from ..bench.splits import SPLITS, source_files, split_of, stdlib_root
+    from ..data.splits import SPLITS, source_files, split_of, stdlib_root
 
     root = Path(args.source) if args.source else stdlib_root()
     files = [p.relative_to(root).as_posix() for p in source_files(root, lang=args.lang)]
@@ -35,7 +35,7 @@ def splits(args) -> int:
 
 
 def register(sub) -> None:
-    from ..bench.splits import EXTENSIONS, SPLITS
+    from ..data.splits import EXTENSIONS, SPLITS
 
     p = sub.add_parser("data", help="build line-completion datasets; show the train/calib/test file split")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -11,7 +11,7 @@ from ._common import add_model_options, load_from_args
 def run(args) -> int:
     import uvicorn
 
-    from ..decoding.api import MAX_NEW_TOKENS_LIMIT
+    from ..engine import MAX_NEW_TOKENS_LIMIT
     from ..methods import make_method
     from ..serve import Settings, create_app
 

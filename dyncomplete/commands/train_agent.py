@@ -18,10 +18,10 @@ THRESHOLDS = (0.5, 0.6, 0.8, 0.9, 0.92, 0.94, 0.97, 1.0)
 
 def run(args) -> int:
     from ..exits.heads import load_heads
-    from ..exits.rl.data import cached
-    from ..exits.rl.policy import default_path
-    from ..exits.rl.reward import RewardConfig
-    from ..exits.rl.train import evaluate, plot_curve, stderr_log, train
+    from ..training.rl.data import cached
+    from ..exits.agent import default_path
+    from ..training.rl.reward import RewardConfig
+    from ..training.rl.train import evaluate, plot_curve, stderr_log, train
 
     start = time.perf_counter()
     model = load_from_args(args)

@@ -11,9 +11,11 @@ from ._common import add_model_options, load_from_args
 
 
 def run(args) -> int:
-    from ..exits.classifier import CLASSIFIER_FILE, save_classifier, train_classifier
-    from ..exits.collect import cached_collect
-    from ..exits.heads import default_path, load_heads
+    from ..exits.classifier import CLASSIFIER_FILE
+    from ..training.classifier import save_classifier, train_classifier
+    from ..training.collect import cached_collect
+    from ..exits import artefacts
+    from ..exits.heads import load_heads
 
     model = load_from_args(args)
     heads = load_heads(model, args.heads)
@@ -22,7 +24,7 @@ def run(args) -> int:
     mlps = train_classifier(heads, data, steps=args.steps)
     meta = {"heads": heads.kind, "data": f"stdlib train split, {len(data)} tokens", "steps": args.steps,
             "date": datetime.date.today().isoformat(), "train_seconds": round(time.time() - start)}
-    out = save_classifier(model, mlps, Path(args.out) if args.out else default_path(model).with_name(CLASSIFIER_FILE), meta)
+    out = save_classifier(model, mlps, Path(args.out) if args.out else artefacts.default_path(model, CLASSIFIER_FILE), meta)
     print(out)
     return 0
 

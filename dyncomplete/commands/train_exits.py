@@ -20,9 +20,9 @@ def parse_layers(text: str | None, num_layers: int) -> list[int]:
 
 
 def run(args) -> int:
-    from ..exits.collect import cached_collect
+    from ..training.collect import cached_collect
     from ..exits.heads import default_path, lens_heads
-    from ..exits.train import agreement, train_translators
+    from ..training.translators import agreement, train_translators
 
     model = load_from_args(args)
     layers = parse_layers(args.layers, model.num_layers)

@@ -9,8 +9,8 @@ from ._common import add_model_options, load_from_args
 
 
 def run(args) -> int:
-    from ..exits.collect import code_chunks
-    from ..exits.lite import lite_weights, train_lite
+    from ..training.collect import code_chunks
+    from ..training.lite import lite_weights, train_lite
     from .train_exits import parse_layers
 
     model = load_from_args(args)

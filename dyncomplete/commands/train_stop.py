@@ -9,9 +9,11 @@ from ._common import add_model_options, load_from_args
 
 
 def run(args) -> int:
-    from ..exits.collect import cached_collect
-    from ..exits.heads import default_path, load_heads
-    from ..exits.stop_rule import STOP_FILE, save_stop_rule, train_stop_rule, wrong_labels
+    from ..training.collect import cached_collect
+    from ..exits import artefacts
+    from ..exits.heads import load_heads
+    from ..exits.stop_rule import STOP_FILE
+    from ..training.stop_rule import save_stop_rule, train_stop_rule, wrong_labels
 
     model = load_from_args(args)
     data = cached_collect(model, load_heads(model).layers, "train", args.tokens)
@@ -19,7 +21,7 @@ def run(args) -> int:
     _, wrong = wrong_labels(data)
     meta = {"data": f"stdlib train split, {len(wrong)} tokens, {float(wrong.float().mean()):.3f} wrong",
             "steps": args.steps, "date": datetime.date.today().isoformat()}
-    print(save_stop_rule(model, mlp, Path(args.out) if args.out else default_path(model).with_name(STOP_FILE), meta))
+    print(save_stop_rule(model, mlp, Path(args.out) if args.out else artefacts.default_path(model, STOP_FILE), meta))
     return 0
 
 

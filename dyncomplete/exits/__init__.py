@@ -1,1 +1,2 @@
-"""Exit heads, exit policies, their training and calibration."""
+"""Early exit at run time: exit heads, exit policies, the classifier, the agent and the stop rule's
+classifier, and the one way their trained artefacts are stored. Training lives in `training`."""

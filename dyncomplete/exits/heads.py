@@ -10,13 +10,12 @@ final layer's distribution (tuned-lens style, started from a least-squares fit).
 from __future__ import annotations
 
 import datetime
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+from . import artefacts
+
 HEADS_FILE = "exit_heads.safetensors"
 
 
@@ -54,26 +53,14 @@ class ExitHeads(torch.nn.Module):
 
     def save(self, path: Path, data: str = "") -> Path:
         """Weights (float32 safetensors) plus a JSON record of what they were trained for."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {}
         for e in self.layers:
-            lin = self.maps[str(e)]
-            tensors[f"{e}.weight"] = lin.weight.detach().float().contiguous()
-            tensors[f"{e}.bias"] = lin.bias.detach().float().contiguous()
-        save_file(tensors, str(path))
-        meta = {
-            "model": self.model.name,
-            "model_sha256": self.model.source_sha256,
-            "kind": self.kind,
-            "layers": self.layers,
-            "hidden_size": self.model.hidden_size,
-            "data": data,
-            "date": datetime.date.today().isoformat(),
-            **self.metadata,
-        }
-        path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
-        return path
+            tensors[f"{e}.weight"] = self.maps[str(e)].weight
+            tensors[f"{e}.bias"] = self.maps[str(e)].bias
+        record = {**artefacts.model_record(self.model), "kind": self.kind, "layers": self.layers,
+                  "hidden_size": self.model.hidden_size, "data": data, "date": datetime.date.today().isoformat(),
+                  **self.metadata}
+        return artefacts.save_artefact(path, tensors, record)
 
 
 def lens_heads(model, layers=None) -> ExitHeads:
@@ -82,31 +69,18 @@ def lens_heads(model, layers=None) -> ExitHeads:
 
 
 def default_path(model) -> Path:
-    return ASSETS / model.name / HEADS_FILE
-
-
-def read_record(path: Path, model, what: str) -> dict:
-    """The JSON record saved beside a trained artefact; refuses one trained for other weights."""
-    meta = json.loads(path.with_suffix(".json").read_text())
-    want = meta.get("model_sha256")
-    if want and model.source_sha256 and want != model.source_sha256:
-        raise ValueError(f"{what} {path} was trained for other weights (sha256 {want[:12]}...)")
-    return meta
+    return artefacts.default_path(model, HEADS_FILE)
 
 
 def load_heads(model, path=None) -> ExitHeads:
     """Trained translators from `path` (default: the shipped ones of this model), else lens heads
     on every second layer. Refuses heads trained for other weights (hash or width mismatch)."""
-    explicit = path is not None
-    path = Path(path) if explicit else default_path(model)
-    if not path.is_file():
-        if explicit:
-            raise FileNotFoundError(f"no exit heads at {path}")
+    if path is None and not default_path(model).is_file():
         return lens_heads(model)
-    meta = read_record(path, model, "exit heads")
+    path = Path(path) if path is not None else default_path(model)
+    tensors, meta = artefacts.load_artefact(path, model, "exit heads")
     if meta["hidden_size"] != model.hidden_size:
         raise ValueError(f"exit heads {path} have width {meta['hidden_size']}, the model {model.hidden_size}")
-    tensors = load_file(str(path))
     maps = {}
     for e in meta["layers"]:
         lin = torch.nn.Linear(model.hidden_size, model.hidden_size, device=model.device, dtype=model.dtype)

@@ -1,7 +1,7 @@
 """Exit policies: at an exit layer, decide from the hidden state (and maybe the head's logits)
 whether the current token stops there.
 
-Each policy has one threshold; names are `POLICY@THRESHOLD` (`confidence@0.9`). Comparisons are
+Each policy has one threshold (`early-exit:confidence@0.9`). Comparisons are
 strict, so the strictest threshold (1.0 for confidence, margin and saturation, 0 for entropy,
 L for static) never exits and reproduces the full model exactly.
 
@@ -14,16 +14,20 @@ per check, beyond any head evaluation.
 from __future__ import annotations
 
 import importlib
-from typing import Callable
 
 import torch
 
-PolicyFactory = Callable[[float, object, object], "ExitPolicy"]  # (threshold, model, heads)
-
-_POLICIES: dict[str, PolicyFactory] = {}
-
-# Modules that register more policies when imported (lazily: they may load trained weights).
-POLICY_PLUGINS: list[str] = ["dyncomplete.exits.classifier", "dyncomplete.exits.rl.policy"]
+# Every policy: name -> the module whose `build(name, threshold, model, heads)` makes it (imported
+# when used: the trained ones load weights). Adding a policy is one module plus one line here.
+POLICIES: dict[str, str] = {
+    "static": "dyncomplete.exits.policies",
+    "confidence": "dyncomplete.exits.policies",
+    "entropy": "dyncomplete.exits.policies",
+    "margin": "dyncomplete.exits.policies",
+    "saturation": "dyncomplete.exits.policies",
+    "classifier": "dyncomplete.exits.classifier",
+    "rl": "dyncomplete.exits.agent",
+}
 
 
 class ExitPolicy:
@@ -101,33 +105,14 @@ class Saturation(ExitPolicy):
         return 3.0 * self.hidden_size
 
 
-def register_policy(name: str, factory: PolicyFactory) -> None:
-    _POLICIES[name] = factory
+def make_policy(name: str, threshold: float, model, heads) -> ExitPolicy:
+    """The policy `name` at `threshold` for this model and these heads."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown exit policy {name!r}: known are {', '.join(POLICIES)}")
+    return importlib.import_module(POLICIES[name]).build(name, float(threshold), model, heads)
 
 
-def policy_names() -> list[str]:
-    for module in POLICY_PLUGINS:
-        importlib.import_module(module)
-    return sorted(_POLICIES)
-
-
-def make_policy(spec: str, model, heads) -> ExitPolicy:
-    """`NAME@THRESHOLD` -> a policy for this model and these heads."""
-    name, sep, value = spec.partition("@")
-    known = policy_names()
-    if name not in known:
-        raise ValueError(f"unknown exit policy {name!r}: known are {', '.join(known)}")
-    if not sep:
-        raise ValueError(f"exit policy {spec!r} needs a threshold: {name}@T")
-    try:
-        threshold = float(value)
-    except ValueError:
-        raise ValueError(f"bad threshold {value!r} in {spec!r}") from None
-    return _POLICIES[name](threshold, model, heads)
-
-
-register_policy("static", lambda t, model, heads: Static(t))
-register_policy("confidence", lambda t, model, heads: Confidence(t))
-register_policy("entropy", lambda t, model, heads: Entropy(t))
-register_policy("margin", lambda t, model, heads: Margin(t))
-register_policy("saturation", lambda t, model, heads: Saturation(t, model.hidden_size))
+def build(name: str, threshold: float, model, heads) -> ExitPolicy:
+    if name == "saturation":
+        return Saturation(threshold, model.hidden_size)
+    return {"static": Static, "confidence": Confidence, "entropy": Entropy, "margin": Margin}[name](threshold)

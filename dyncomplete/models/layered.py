@@ -54,6 +54,7 @@ class LayeredModel:
         self.softcap = getattr(self.config, "final_logit_softcapping", None)
         self.hidden_size = self.config.hidden_size
         self.vocab_size = self.lm_head.out_features
+        self.head_tap = None  # called with every input of `head` (the stop rule reads those rows)
         if self.kind in ("llama", "qwen2", "gemma3"):
             use_short_query_attention(hf_model)
         if self.device.type == "cpu" and self.dtype != torch.float32:
@@ -123,6 +124,8 @@ class LayeredModel:
         return self.core.norm(hidden)
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
+        if self.head_tap is not None:
+            self.head_tap(normed)
         logits = self.lm_head(normed)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap

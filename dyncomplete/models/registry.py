@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from ..paths import cache_root
 
 
 class ModelError(RuntimeError):
@@ -123,10 +124,6 @@ REGISTRY: dict[str, ModelSpec] = {
 }
 
 DEFAULT_MODEL = "smollm2-135m"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("DYNCOMPLETE_CACHE", Path.home() / ".cache" / "dyncomplete"))
 
 
 def cached_dir(alias: str) -> Path:

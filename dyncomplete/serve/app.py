@@ -22,8 +22,8 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine import DEFAULT_CONTEXT_BUDGET
 from ..methods import families
-from ..prompts import DEFAULT_CONTEXT_BUDGET
 from .prefix_cache import PrefixCache
 from .report import finish_reason
 from .request import ApiError, decode_body, parse_completion
@@ -130,8 +130,8 @@ def create_app(model, settings: Settings) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         obj = decode_body(await read_body(request, settings.max_body_bytes))
-        req = parse_completion(obj, model.name, settings.default_method, known_families,
-                               settings.max_tokens_limit, request.headers.get("x-client-id"))
+        req = parse_completion(obj, model.name, settings.default_method, settings.max_tokens_limit,
+                               request.headers.get("x-client-id"))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
         def emit(event):

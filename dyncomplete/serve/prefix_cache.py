@@ -92,8 +92,3 @@ class PrefixCache:
                 self._bytes -= evicted.nbytes()
                 self.counters.evictions += 1
         return True
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0

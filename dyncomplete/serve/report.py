@@ -7,8 +7,7 @@ the layer it exited at, or by whether it was drafted and accepted.
 
 from __future__ import annotations
 
-from ..decoding import Completion
-from ..energy import compute_per_token
+from ..engine import Completion
 
 FINISH_REASONS = {"max_tokens": "length", "timeout": "length", "eos": "stop", "newline": "stop", "stop": "stop",
                   "stop_rule": "stop"}
@@ -36,21 +35,11 @@ def stats_object(model, completion: Completion, energy, extra: dict) -> dict:
     s = completion.stats
     pieces = token_pieces(model.tokenizer, completion.token_ids, completion.text, completion.healed)
     return {
-        "method": s.method,
+        **s.summary(model),
         "num_layers": model.num_layers,
-        "prompt_tokens": s.prompt_tokens,
-        "cached_prompt_tokens": s.cached_prompt_tokens,
-        "new_tokens": s.new_tokens,
-        "layer_evals_per_token": s.layer_evals_per_token,
-        "compute_per_token": compute_per_token(s, model),
-        "drafted": s.drafted,
-        "accepted": s.accepted,
-        "prefill_s": s.prefill_s,
-        "decode_s": s.decode_s,
         "energy_j": energy.joules,
         "energy_source": energy.source,
         "energy_formula": energy.formula,
-        "stopped_by": s.stopped_by,
         "token_layers": s.token_layers,
         "token_sources": s.token_sources,
         "tokens": [{"text": t, "layers": n, "source": src}

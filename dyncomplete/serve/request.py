@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..decoding import GenerationParams
+from ..engine import GenerationParams
+from ..methods import parse_method
 
 MAX_STOP_STRINGS = 16
 # OpenAI fields we accept only at their neutral value (anything else would be silently wrong).
@@ -99,8 +100,8 @@ def _stop(obj: dict) -> tuple[str, ...]:
     return tuple(_check_text(s, "stop") for s in stops)
 
 
-def parse_completion(obj: dict, model_name: str, default_method: str, families: list[str],
-                     max_tokens_limit: int, client_header: str | None = None) -> CompletionRequest:
+def parse_completion(obj: dict, model_name: str, default_method: str, max_tokens_limit: int,
+                     client_header: str | None = None) -> CompletionRequest:
     model = _typed(obj, "model", (str,), "a string")
     if model is None:
         raise ApiError(400, "model is required", "model")
@@ -127,11 +128,10 @@ def parse_completion(obj: dict, model_name: str, default_method: str, families: 
         raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
     seed = _typed(obj, "seed", (int,), "an integer")
     method = _typed(obj, "method", (str,), "a string", default_method)
-    # a cheap first check (full checking is make_method's, in the worker): the name must start with
-    # a known family; "lookup+self" and wrapped names such as "baseline+stop:0.5" do
-    if method.partition(":")[0].split("+")[0] not in families:
-        raise ApiError(400, f"unknown method {method!r}: known families are {', '.join(families)}", "method",
-                       "method_not_found")
+    try:  # the grammar and the family's form, checked before the request takes a queue slot
+        parse_method(method)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "method", "method_not_found") from None
     user = _typed(obj, "user", (str,), "a string")
     params = GenerationParams(max_new_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
                               seed=seed, stop=_stop(obj),

@@ -17,14 +17,12 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..decoding import GenerationParams
 from ..energy import open_meter
+from ..engine import GenerationParams, build_prompt
 from ..methods import make_method
-from ..prompts import build_prompt, fim_tokens
 from .prefix_cache import PrefixCache
 from .report import stats_object
 from .request import ApiError
-from .window import stable_prefix
 
 log = logging.getLogger("dyncomplete.serve")
 METHODS_KEPT = 8  # built methods kept (some load exit heads or a draft model)
@@ -68,7 +66,6 @@ class Worker:
         self.context_budget = context_budget
         self.prefix_cache = prefix_cache
         self.meter = open_meter(str(model.device))
-        self.has_fim = fim_tokens(model.tokenizer) is not None
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self._methods: OrderedDict[str, object] = OrderedDict()
         self._latest: dict[str, Job] = {}  # client id -> its newest job
@@ -156,9 +153,7 @@ class Worker:
         started = time.perf_counter()
         method = self._method(job.method)
         budget = self.context_budget
-        prefix_budget = budget * 3 // 4 if (job.suffix and self.has_fim) else budget
-        prefix, cut = stable_prefix(self.model.tokenizer, job.prefix, prefix_budget)
-        prompt = build_prompt(self.model.tokenizer, prefix, job.suffix, budget)
+        prompt = build_prompt(self.model.tokenizer, job.prefix, job.suffix, budget)
         cache = None
         if job.use_cache:
             cache, _ = self.prefix_cache.lookup(prompt.ids)
@@ -171,14 +166,14 @@ class Worker:
         stopped_by = job.reason if result.stats.stopped_by == "cancelled" else result.stats.stopped_by
         self._count(f"stopped_{stopped_by}")
         notices = [n for n in (prompt.notice, "the prompt was cut to the context budget "
-                               f"({budget} tokens, from the start)" if (cut or prompt.truncated) else "") if n]
+                               f"({budget} tokens, from the start)" if prompt.truncated else "") if n]
         return {
             "completion": result,
             "stats": stats_object(self.model, result, energy, {
                 "stopped_by": stopped_by,
                 "queue_s": started - job.submitted,
                 "fim": prompt.fim,
-                "truncated_prompt": cut or prompt.truncated,
+                "truncated_prompt": prompt.truncated,
                 "notices": notices,
             }),
         }

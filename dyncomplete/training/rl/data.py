@@ -16,24 +16,12 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
 
-from ...models.registry import cache_root
-from ..collect import SKIP, Collected, code_chunks, collect
+from ...exits.agent import normalise
+from ...paths import cache_root
+from ..collect import SKIP, Collected, cached_collect
 from .reward import optimal_exits
 
 TARGETS = ("final", "ground-truth")
-
-
-def normalise(hidden: torch.Tensor) -> torch.Tensor:
-    """Unit root-mean-square along the last axis (no learned weight)."""
-    h = hidden.float()
-    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
-
-
-def features(hidden: torch.Tensor, layer: int, num_layers: int) -> torch.Tensor:
-    """The agent's observation(s) for hidden state(s) (..., d) at one exit layer: the normalised
-    hidden state and the depth reached (layer / L)."""
-    h = normalise(hidden)
-    return torch.cat([h, h.new_full((*h.shape[:-1], 1), layer / num_layers)], -1)
 
 
 @dataclass
@@ -77,20 +65,10 @@ class ExitData:
 
 
 def model_states(model, split: str, tokens: int, chunk: int = 384, seed: int = 1, refresh: bool = False) -> Collected:
-    """One pass of the model over chunks of the split (`collect`, shared with the head trainers),
-    keeping every layer 1..L-1, cached on disk: new heads then cost only their own evaluation.
-    A seed other than the head trainers' draws mostly other code than the heads were fitted on."""
-    dtype = str(model.dtype).removeprefix("torch.")
-    key = f"{(model.source_sha256 or model.name)[:12]}-{dtype}-{split}-{tokens}-{chunk}-{seed}"
-    path = cache_root() / "rl" / f"states-{key}.pt"
-    if path.is_file() and not refresh:
-        return Collected(**torch.load(path))
-    chunks = code_chunks(model.tokenizer, split, tokens, chunk, seed)
-    states = collect(model, range(1, model.num_layers), chunks)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(vars(states), path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
-    return states
+    """One pass of the model over chunks of the split, keeping every layer 1..L-1, cached on disk:
+    new heads then cost only their own evaluation. A seed other than the head trainers' draws
+    mostly other code than the heads were fitted on."""
+    return cached_collect(model, range(1, model.num_layers), split, tokens, chunk, seed, refresh)
 
 
 def precompute(model, heads, states: Collected, chunk: int = 384, batch: int = 512) -> ExitData:

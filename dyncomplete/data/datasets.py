@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..decoding import GenerationParams
+from ..engine import GenerationParams
 from .linecut import build_line_completion
 
 HUMANEVAL_STOP = ("\ndef", "\nclass", "\nif __name__", "\nprint(", "\n#")

@@ -6,7 +6,7 @@ keeps the agreeing prefix plus the model's own next token; the cache is cropped 
 rejected positions, in every layer. Greedy output is token-identical to `baseline` (in float32);
 sampled output has exactly its distribution.
 
-Method names (parameters after the family, see `methods.py`):
+Method names (parsed by `registry.parse_method`):
   lookup[:K]                    n-gram lookup, at most K tokens per draft (default 10)
   self-spec[:E[/K]]             self-draft from exit layer E, K tokens (defaults: see DEFAULT_*)
   self-spec:dynamic[@C]         DEL-style choice of exit layer and length, confidence stop at C
@@ -17,13 +17,13 @@ Method names (parameters after the family, see `methods.py`):
 
 from __future__ import annotations
 
-from .. import methods
+from ..engine import DecodingMethod
+from ..engine.sampling import choose_token
+from ..exits.heads import load_heads
 from ..models import load
-from .baseline import DecodingMethod
 from .draft_control import ConfidenceStop, EntropyStop, ExitLayerController, expected_tokens
 from .proposers import (DraftModelProposer, LookupProposer, LookupThenSelf, Proposer, SelfDraftProposer,
                         self_draft_costs)
-from .api import choose_token
 from .verify import accept, score
 
 DEFAULT_SELF_DRAFT = 3
@@ -47,7 +47,7 @@ class SpeculativeDecoding(DecodingMethod):
     def decode(self, model, prompt_ids, logits, cache, emitter, generator):
         stats, params, depth = emitter.stats, emitter.params, model.num_layers
         token = choose_token(logits, params, generator)
-        stats.layer_evals, stats.head_evals = depth, 1  # the prompt pass's last position
+        stats.count_full_steps(1, depth)  # the prompt pass's last position
         if emitter.emit(token, depth, "full"):
             return
         try:
@@ -76,23 +76,16 @@ class SpeculativeDecoding(DecodingMethod):
             position += accepted + 1
 
 
-def _split(arg: str) -> tuple[str, float | None]:
-    """'A/B@T' -> ('A/B', T)."""
-    body, _, threshold = arg.partition("@")
-    return body, float(threshold) if threshold else None
-
-
-def _ints(body: str, what: str) -> list[int]:
+def _ints(args: tuple[str, ...], what: str) -> list[int]:
     try:
-        return [int(x) for x in body.split("/")] if body else []
+        return [int(x) for x in args]
     except ValueError:
-        raise ValueError(f"expected {what}, got {body!r}") from None
+        raise ValueError(f"expected {what}, got {'/'.join(args)!r}") from None
 
 
-def _self_draft(model, body: str, threshold: float | None) -> SelfDraftProposer:
-    from ..exits.heads import load_heads
-
+def _self_draft(model, args: tuple[str, ...], threshold: float | None) -> SelfDraftProposer:
     heads = load_heads(model)
+    body = args[0] if args else ""
     if body in ("dynamic", "entropy"):
         stop = EntropyStop(threshold or DEFAULT_ENTROPY) if body == "entropy" else ConfidenceStop(
             DEFAULT_CONFIDENCE if threshold is None else threshold)
@@ -102,7 +95,7 @@ def _self_draft(model, body: str, threshold: float | None) -> SelfDraftProposer:
         return SelfDraftProposer(heads, stop=stop, controller=controller, shortlist=DEFAULT_SHORTLIST)
     if threshold is not None:
         raise ValueError("a fixed self-draft takes no @threshold (use self-spec:dynamic@C)")
-    values = _ints(body, "EXIT_LAYER[/DRAFT_LENGTH]")
+    values = _ints(args, "EXIT_LAYER[/DRAFT_LENGTH]")
     layer = values[0] if values else default_exit_layer(model, heads)
     length = values[1] if len(values) > 1 else DEFAULT_SELF_DRAFT
     return SelfDraftProposer(heads, layer, length, shortlist=DEFAULT_SHORTLIST)
@@ -127,31 +120,16 @@ def default_exit_layer(model, heads) -> int:
                / (1 + DEFAULT_SELF_DRAFT * costs[e]))
 
 
-def _lookup(arg, model):
-    body, threshold = _split(arg)
-    values = _ints(body, "MAX_DRAFT")
-    if threshold is not None or len(values) > 1:
-        raise ValueError(f"lookup takes lookup[:MAX_DRAFT], got {arg!r}")
-    return SpeculativeDecoding(LookupProposer(*values))
-
-
-def _self_spec(arg, model):
-    return SpeculativeDecoding(_self_draft(model, *_split(arg)))
-
-
-def _lookup_self(arg, model):
-    return SpeculativeDecoding(LookupThenSelf(LookupProposer(), _self_draft(model, *_split(arg))))
-
-
-def _draft_model(arg, model):
-    alias, _, length = arg.partition("/")
+def build(name, model) -> SpeculativeDecoding:
+    if name.family == "lookup":
+        return SpeculativeDecoding(LookupProposer(*_ints(name.args, "MAX_DRAFT")))
+    if name.family == "self-spec":
+        return SpeculativeDecoding(_self_draft(model, name.args, name.threshold))
+    if name.family == "lookup+self":
+        return SpeculativeDecoding(LookupThenSelf(LookupProposer(), _self_draft(model, name.args, None)))
+    alias = name.arg(0)
     if not alias:
         raise ValueError("draft-model needs a model: draft-model:ALIAS[/K]")
-    draft = load(alias, dtype=str(model.dtype).removeprefix("torch."), progress=lambda m: None)
-    return SpeculativeDecoding(DraftModelProposer(draft, model, *_ints(length, "DRAFT_LENGTH")))
-
-
-methods.register("lookup", _lookup)
-methods.register("self-spec", _self_spec)
-methods.register("lookup+self", _lookup_self)
-methods.register("draft-model", _draft_model)
+    draft = load(alias, dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
+                 progress=lambda m: None)
+    return SpeculativeDecoding(DraftModelProposer(draft, model, *_ints(name.args[1:], "DRAFT_LENGTH")))

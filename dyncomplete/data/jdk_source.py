@@ -9,7 +9,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from ..models.registry import cache_root
+from ..paths import cache_root
 
 SRC_ZIPS = ("/usr/lib/jvm/openjdk-17/lib/src.zip", "/usr/lib/jvm/java-17-openjdk-amd64/lib/src.zip",
             "/usr/lib/jvm/java-17-openjdk-arm64/lib/src.zip")

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from ...energy.work import full_pass_macs, head_macs, layer_macs
+from ...exits.agent import AgentNet
 from .data import ExitData
 from .env import ExitEnv
-from .policy import AgentNet
 from .reward import RewardConfig
 
 
@@ -26,7 +26,6 @@ def train(data: ExitData, target: str = "final", cfg: RewardConfig = RewardConfi
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
-    torch.set_num_threads(1)
     env = make_vec_env(lambda: ExitEnv(data, target, cfg), n_envs=n_envs, seed=seed)
     curve: list[tuple[int, float]] = []
     start = time.perf_counter()
@@ -46,7 +45,12 @@ def train(data: ExitData, target: str = "final", cfg: RewardConfig = RewardConfi
     agent = PPO("MlpPolicy", env, n_steps=256, batch_size=256, n_epochs=4, learning_rate=3e-4, ent_coef=0.01,
                 policy_kwargs={"net_arch": list(hidden)}, stats_window_size=500, seed=seed, device="cpu",
                 verbose=0)
-    agent.learn(total_timesteps=timesteps, callback=Curve())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the policy is tiny: one thread is fastest; the caller's setting comes back
+    try:
+        agent.learn(total_timesteps=timesteps, callback=Curve())
+    finally:
+        torch.set_num_threads(threads)
     return AgentNet.from_sb3(agent.policy), curve, time.perf_counter() - start
 
 

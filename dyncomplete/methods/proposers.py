@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..energy.work import full_pass_macs, head_macs, layer_macs
-from .api import sampling_probs
+from ..engine.sampling import draw
 from .draft_control import AcceptanceTracker, ExitLayerController, best_length
 from .verify import Draft
 
@@ -141,11 +141,10 @@ class SelfDraftProposer(Proposer):
     def propose(self, model, cache, context, position):
         self._grow_shortlist(model, context)
         layer, k = self.controller.choose() if self.controller else (self.layer, self.max_draft)
-        greedy = self.params.temperature == 0
         token, hiddens, tokens, probs = context[-1], [], [], []
         for j in range(k + 1):
-            ctx = model.context(torch.tensor([position + j]))
-            h = model.embed(torch.tensor([token]), ctx)
+            ctx = model.context(torch.tensor([position + j], device=model.device))
+            h = model.embed(torch.tensor([token], device=model.device), ctx)
             for i in range(layer):
                 h = model.run_layer(i, h, ctx, cache)
             hiddens.append(h)
@@ -155,12 +154,10 @@ class SelfDraftProposer(Proposer):
             logits = self._draft_logits(model, layer, h)
             if self.stop is not None and self.stop.stop(torch.softmax(logits, -1)):
                 break
-            if greedy:
-                index = int(torch.argmax(logits))
-            else:
-                q = sampling_probs(logits, self.params)
-                index = int(torch.multinomial(q, 1, generator=self.generator))
-                probs.append(torch.zeros(model.vocab_size).index_put_((torch.tensor(self.ids),), q))
+            index, q = draw(logits, self.params, self.generator)
+            if q is not None:
+                ids = torch.tensor(self.ids, device=q.device)
+                probs.append(torch.zeros(model.vocab_size, device=q.device).index_put_((ids,), q))
             token = self.ids[index]
             tokens.append(token)
         return Draft(tokens, torch.stack(probs) if probs else None, torch.cat(hiddens, dim=1), layer, self.name)
@@ -205,7 +202,7 @@ class DraftModelProposer(Proposer):
 
     def _run(self, ids: list[int], start: int) -> torch.Tensor:
         self.stats.extra_macs += len(ids) * self.token_macs + self.head_macs
-        return self.draft.forward(torch.tensor(ids), self.cache, start=start)[0, -1]
+        return self.draft.forward(torch.tensor(ids, device=self.draft.device), self.cache, start=start)[0, -1]
 
     def propose(self, model, cache, context, position):
         common = 0
@@ -217,11 +214,8 @@ class DraftModelProposer(Proposer):
         self.seen = list(context)
         tokens, probs = [], []
         for j in range(self.max_draft):
-            if self.params.temperature == 0:
-                token = int(torch.argmax(logits))
-            else:
-                q = sampling_probs(logits, self.params)
-                token = int(torch.multinomial(q, 1, generator=self.generator))
+            token, q = draw(logits, self.params, self.generator)
+            if q is not None:
                 probs.append(torch.nn.functional.pad(q, (0, model.vocab_size - q.shape[0])))
             tokens.append(token)
             if j + 1 < self.max_draft:

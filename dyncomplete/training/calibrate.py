@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..exits.heads import ExitHeads
+from ..exits.policies import make_policy
 from .collect import Collected
-from .heads import ExitHeads
-from .policies import make_policy
 
 LOGIT_SCORES = ("confidence", "entropy", "margin")
 
@@ -91,7 +91,7 @@ def score_of(policy_name: str, heads: ExitHeads, signals: LayerSignals, data: Co
     by asking the policy object for `scores(layer, hidden)`."""
     if policy_name in signals.scores:
         return signals.scores[policy_name]
-    policy = make_policy(f"{policy_name}@0.5", heads.model, heads)
+    policy = make_policy(policy_name, 0.5, heads.model, heads)
     if not hasattr(policy, "scores"):
         raise ValueError(f"policy {policy_name!r} cannot be calibrated offline (it has no scores())")
     with torch.inference_mode():

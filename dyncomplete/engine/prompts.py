@@ -3,12 +3,16 @@
 Where the tokenizer knows FIM tokens (Qwen2.5-Coder: <|fim_prefix|>, <|fim_suffix|>,
 <|fim_middle|>), a suffix becomes a FIM prompt. Otherwise only the prefix is used and a notice
 says so (SmolLM2 has no FIM tokens). The budget keeps the end of the prefix (closest to the
-cursor) and the start of the suffix.
+cursor) and the start of the suffix; a prefix over it is first cut at a stable line start
+(`window.stable_prefix`), so that the CLI, the benchmark and the server send the model the same
+prompt for the same text, and a typing session's prompts share a prefix.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .window import stable_prefix
 
 DEFAULT_CONTEXT_BUDGET = 1024
 
@@ -41,13 +45,14 @@ def build_prompt(tokenizer, prefix: str, suffix: str | None = None, budget: int 
         raise ValueError(f"context budget must be at least 8 tokens, got {budget}")
     if not prefix and not suffix:
         raise ValueError("empty prompt: give the code before the cursor")
-    pre = tokenizer(prefix, add_special_tokens=False).input_ids
     fim = fim_tokens(tokenizer) if suffix else None
+    prefix, cut = stable_prefix(tokenizer, prefix, budget * 3 // 4 if fim else budget)
+    pre = tokenizer(prefix, add_special_tokens=False).input_ids
     notice = ""
     if suffix and fim is None:
         notice = "this model has no fill-in-the-middle tokens: the suffix is ignored"
     if fim is None:
-        truncated = len(pre) > budget
+        truncated = cut or len(pre) > budget
         return Prompt(pre[-budget:], False, truncated, notice)
     suf = tokenizer(suffix, add_special_tokens=False).input_ids
     room = budget - 3
@@ -57,4 +62,4 @@ def build_prompt(tokenizer, prefix: str, suffix: str | None = None, budget: int 
         suf = suf[:keep_suf]
         pre = pre[-(room - len(suf)) :] if room - len(suf) > 0 else []
     p, s, m = fim
-    return Prompt([p, *pre, s, *suf, m], True, truncated, notice)
+    return Prompt([p, *pre, s, *suf, m], True, cut or truncated, notice)

@@ -1,9 +1,6 @@
-"""The reference decoder: full depth for every token, KV-cached, greedy or sampled.
-
-`DecodingMethod` is the interface every method implements; `prefill` is the prompt pass they all
-share, including reuse of a cache that already holds a prefix of the prompt (the server's prefix
-cache).
-"""
+"""`DecodingMethod`, the interface every method implements, and `prefill`, the prompt pass they
+all share (including reuse of a cache that already holds a prefix of the prompt: the server's
+prefix cache)."""
 
 from __future__ import annotations
 
@@ -14,7 +11,21 @@ import torch
 
 from ..models import KVCache, LayeredModel
 from . import healing
-from .api import Completion, Emitter, GenerationParams, Stats, choose_token, eos_ids_of, make_generator
+from .emitter import Emitter
+from .params import GenerationParams
+from .sampling import make_generator
+from .stats import Completion, Stats
+
+
+def eos_ids_of(model) -> set[int]:
+    ids = set()
+    for source in (getattr(model.hf, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if eos is not None:
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    if model.tokenizer is not None and model.tokenizer.eos_token_id is not None:
+        ids.add(model.tokenizer.eos_token_id)
+    return ids
 
 
 def prefill(model: LayeredModel, prompt_ids: list[int], cache: KVCache, stats: Stats) -> torch.Tensor:
@@ -32,7 +43,9 @@ def prefill(model: LayeredModel, prompt_ids: list[int], cache: KVCache, stats: S
 
 
 class DecodingMethod:
-    """A way of choosing the next tokens. Subclasses implement `decode` (after the prefill)."""
+    """A way of choosing the next tokens. Subclasses implement `decode` (after the prefill), and
+    may implement `prepare` (other prompt work, such as a draft model's prompt pass, timed as
+    prefill as vLLM's time to first token counts it) and `guard` (a check before each token)."""
 
     name = "method"
 
@@ -53,7 +66,7 @@ class DecodingMethod:
             logits = heal.constrain(logits)
         emitter = Emitter(model.tokenizer, params, eos_ids_of(model), stats, on_text, cancelled,
                           healed=heal.tail_text if heal else "")
-        generator = make_generator(params)
+        generator = make_generator(params, model.device)
         start = time.perf_counter()
         with torch.inference_mode():
             self.prepare(model, prompt_ids, params, generator, stats)
@@ -69,21 +82,3 @@ class DecodingMethod:
 
     def decode(self, model, prompt_ids, logits, cache, emitter: Emitter, generator) -> None:
         raise NotImplementedError
-
-
-class Baseline(DecodingMethod):
-    """Every layer for every token: the quality and speed reference."""
-
-    name = "baseline"
-
-    def decode(self, model, prompt_ids, logits, cache, emitter, generator):
-        stats = emitter.stats
-        position = len(prompt_ids)
-        while True:
-            token = choose_token(logits, emitter.params, generator)
-            if emitter.emit(token, model.num_layers):
-                break
-            logits = model.forward(torch.tensor([token]), cache, start=position)[0, -1]
-            position += 1
-        stats.layer_evals = model.num_layers * stats.new_tokens
-        stats.head_evals = stats.new_tokens

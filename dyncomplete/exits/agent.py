@@ -4,18 +4,28 @@ never exits). Its forward pass is counted as the policy's own cost (`decision_ma
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from ..heads import ASSETS, read_record
-from ..policies import ExitPolicy, register_policy
-from .data import features
-from .reward import EXIT
+from . import artefacts
+from .policies import ExitPolicy
 
 AGENT_FILE = "agent.safetensors"
+CONTINUE, EXIT = 0, 1  # the agent's actions
+
+
+def normalise(hidden: torch.Tensor) -> torch.Tensor:
+    """Unit root-mean-square along the last axis (no learned weight)."""
+    h = hidden.float()
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def features(hidden: torch.Tensor, layer: int, num_layers: int) -> torch.Tensor:
+    """The agent's observation(s) for hidden state(s) (..., d) at one exit layer: the normalised
+    hidden state and the depth reached (layer / L)."""
+    h = normalise(hidden)
+    return torch.cat([h, h.new_full((*h.shape[:-1], 1), layer / num_layers)], -1)
 
 
 class AgentNet(torch.nn.Module):
@@ -52,15 +62,11 @@ class AgentNet(torch.nn.Module):
         return cls(copies).requires_grad_(False).eval()
 
     def save(self, path: Path, meta: dict) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({f"{i}.{k}": v.contiguous() for i, lin in enumerate(self.linears) for k, v in lin.state_dict().items()},
-                  str(path))
-        path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+        tensors = {f"{i}.{k}": v for i, lin in enumerate(self.linears) for k, v in lin.state_dict().items()}
+        artefacts.save_artefact(path, tensors, meta)
 
     @classmethod
-    def load(cls, path: Path) -> "AgentNet":
-        tensors = load_file(str(path))
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "AgentNet":
         linears = []
         for i in range(len(tensors) // 2):
             w, b = tensors[f"{i}.weight"], tensors[f"{i}.bias"]
@@ -71,17 +77,16 @@ class AgentNet(torch.nn.Module):
 
 
 def default_path(model) -> Path:
-    return ASSETS / model.name / AGENT_FILE
+    return artefacts.default_path(model, AGENT_FILE)
 
 
 def load_agent(model, path=None) -> tuple[AgentNet, dict]:
     """The agent at `path` (default: the one shipped for this model) and its metadata record;
     refuses an agent trained on other weights or another hidden size."""
     path = Path(path) if path is not None else default_path(model)
-    if not path.is_file():
-        raise FileNotFoundError(f"no exit agent at {path}: train one with `dyncomplete train-agent --model {model.name}`")
-    meta = read_record(path, model, "exit agent")
-    net = AgentNet.load(path)
+    tensors, meta = artefacts.load_artefact(path, model, "exit agent",
+                                            f"train one with `dyncomplete train-agent --model {model.name}`")
+    net = AgentNet.from_tensors(tensors)
     if net.linears[0].in_features != model.hidden_size + 1:
         raise ValueError(f"exit agent {path} reads width {net.linears[0].in_features - 1}, the model has {model.hidden_size}")
     return net.to(model.device), meta
@@ -109,4 +114,5 @@ class RLPolicy(ExitPolicy):
         return self.net.macs()
 
 
-register_policy("rl", lambda t, model, heads: RLPolicy(t, load_agent(model)[0], model.num_layers))
+def build(name, threshold, model, heads) -> RLPolicy:
+    return RLPolicy(threshold, load_agent(model)[0], model.num_layers)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CONTINUE, EXIT = 0, 1
+from ...exits.agent import EXIT
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,9 @@ import time
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from ..methods import register
-from . import healing
-from .api import Completion, Emitter, Stats, eos_ids_of
-from .baseline import DecodingMethod
+from ..energy.work import full_pass_macs
+from ..engine import Completion, DecodingMethod, Emitter, Stats, eos_ids_of, healing
+from ..models import load
 
 PROMPT_LOOKUP_TOKENS = 10
 
@@ -94,7 +93,6 @@ class HFGenerate(DecodingMethod):
         if heal is not None:
             kwargs["logits_processor"] = LogitsProcessorList([_HealFirstToken(heal, len(prompt_ids))])
         if params.temperature > 0:
-            torch.manual_seed(params.seed if params.seed is not None else time.time_ns() % (2**31))
             kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -104,7 +102,10 @@ class HFGenerate(DecodingMethod):
             kwargs["assistant_model"] = self.assistant.hf
         start = time.perf_counter()
         try:
-            with torch.inference_mode():
+            # generate draws from the global random stream: seed a fork of it, not the caller's
+            with torch.inference_mode(), torch.random.fork_rng(devices=[model.device] if model.device.type != "cpu" else []):
+                if params.temperature > 0:
+                    torch.manual_seed(params.seed if params.seed is not None else time.time_ns() % (2**31))
                 model.hf.generate(ids, **kwargs)
         finally:
             for h in hooks:
@@ -116,11 +117,8 @@ class HFGenerate(DecodingMethod):
         stats.prefill_s, stats.decode_s = first - start, end - first
         # beyond the prompt; +1: the prefill's last position decided the first token (as in baseline)
         decode_tokens = sum(feed.fed) - len(prompt_ids) + 1
-        stats.layer_evals = model.num_layers * decode_tokens
-        stats.head_evals = decode_tokens
+        stats.count_full_steps(decode_tokens, model.num_layers)
         if self.assistant is not None:
-            from ..energy.work import full_pass_macs
-
             stats.extra_macs = sum(assistant_fed) * full_pass_macs(self.assistant)
         return Completion(emitter.text, emitter.ids, stats, emitter.healed)
 
@@ -134,20 +132,16 @@ class HFGenerate(DecodingMethod):
         return hook
 
 
-def _factory(arg: str, model) -> HFGenerate:
+def build(name, model) -> HFGenerate:
+    arg = name.arg(0)
     if arg == "":
         return HFGenerate()
     if arg == "prompt-lookup":
         return HFGenerate("prompt-lookup")
     kind, _, alias = arg.partition(":")
     if kind == "assisted" and alias:
-        from ..models import load
-
         assistant = load(alias, dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
                          progress=lambda m: None)
         return HFGenerate("assisted", assistant)
     raise ValueError(f"unknown hf-generate variant {arg!r}: use hf-generate, hf-generate:prompt-lookup "
                      "or hf-generate:assisted:ALIAS")
-
-
-register("hf-generate", _factory)

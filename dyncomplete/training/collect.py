@@ -8,14 +8,15 @@ one cache instead of running the model again; `cached_collect` keeps it on disk 
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
-from ..bench.splits import source_files
-from ..models.registry import cache_root
+from ..data.splits import source_files
+from ..paths import cache_root
 
 CHUNK = 384  # tokens per chunk
 SKIP = 16  # first positions of a chunk: attention-sink states unlike those of a long prompt
@@ -76,14 +77,18 @@ def collect(model, layers, chunks, top_k: int = 16, progress: bool = True) -> Co
     )
 
 
-def cached_collect(model, layers, split: str, tokens: int, progress: bool = True) -> Collected:
-    """`collect` on `tokens` tokens of a split, stored under the cache directory for reuse."""
+def cached_collect(model, layers, split: str, tokens: int, chunk: int = CHUNK, seed: int = 0,
+                   refresh: bool = False, progress: bool = True) -> Collected:
+    """`collect` on `tokens` tokens of a split, stored under the cache directory for reuse, keyed by
+    the weights, dtype, split, size, chunking, seed and layers."""
     layers = sorted(layers)
-    key = f"{model.name}-{str(model.dtype).split('.')[-1]}-{split}-{tokens}-{'_'.join(map(str, layers))}.pt"
+    dtype = str(model.dtype).removeprefix("torch.")
+    layer_key = hashlib.sha256(str(layers).encode()).hexdigest()[:8]
+    key = f"{(model.source_sha256 or model.name)[:12]}-{dtype}-{split}-{tokens}-{chunk}-{seed}-{layer_key}.pt"
     path = cache_root() / "exit-data" / key
-    if path.is_file():
+    if path.is_file() and not refresh:
         return Collected(**torch.load(path))
-    data = collect(model, layers, code_chunks(model.tokenizer, split, tokens), progress=progress)
+    data = collect(model, layers, code_chunks(model.tokenizer, split, tokens, chunk, seed), progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(vars(data), path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)

@@ -1,7 +1,8 @@
 """Dynamic early exit: each token runs layer by layer until an exit policy stops it.
 
 Method names: `early-exit:POLICY@T[/OPTION...]`, options in any order, the threshold may also
-follow them (`early-exit:confidence/lens@0.9`, which keeps `--sweep ...@0.5,0.7` simple):
+follow them (`early-exit:confidence/lens@0.9`, which keeps `--sweep ...@0.5,0.7` simple; the
+grammar is `methods.registry.parse_method`'s):
   `lens`            plain logit-lens heads on the shipped heads' layers (default: shipped heads)
   `heads=PATH`      translator heads from a file
   `min=N`           check only exit layers >= N (each check of a logit policy costs one LM head)
@@ -18,16 +19,13 @@ arithmetic go to `extra_macs`.
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from ..energy.work import layer_macs
+from ..engine import DecodingMethod
+from ..engine.sampling import choose_token
 from ..exits.heads import ExitHeads, lens_heads, load_heads
 from ..exits.policies import ExitPolicy, make_policy
-from ..methods import register
-from .api import choose_token
-from .baseline import DecodingMethod
 
 PROPAGATE_KINDS = ("llama", "qwen2")
 
@@ -47,8 +45,7 @@ class EarlyExit(DecodingMethod):
 
     def decode(self, model, prompt_ids, logits, cache, emitter, generator):
         stats = emitter.stats
-        stats.layer_evals += model.num_layers  # the prefill's last position gave the first token
-        stats.head_evals += 1
+        stats.count_full_steps(1, model.num_layers)  # the prefill's last position gave the first token
         position, layers = len(prompt_ids), model.num_layers
         pending: list[tuple[int, torch.Tensor]] = []
         while True:
@@ -128,36 +125,18 @@ def propagate_kv(model, layers, hidden, ctx, cache) -> None:
         cache.update(k, v, j)
 
 
-_THRESHOLD = re.compile(r"@([-+0-9.eE]+)")
-OPTIONS = ("lens", "heads", "kv", "min")
-
-
-def parse(arg: str) -> tuple[str, dict[str, str]]:
-    """`confidence@0.9/lens/kv=propagate` (or with `@0.9` last) -> ("confidence@0.9", options)."""
-    found = _THRESHOLD.search(arg)
-    rest = _THRESHOLD.sub("", arg, count=1) if found else arg
-    name, *parts = rest.split("/")
-    options, last = {}, None
-    for part in parts:
-        key, sep, value = part.partition("=")
-        if key in OPTIONS:
-            options[key] = value if sep else "1"
-            last = key
-        elif last == "heads":  # a path's own slashes: runs/qwen/exit_heads.safetensors
-            options["heads"] += "/" + part
-        else:
-            raise ValueError(f"bad early-exit method {arg!r}: use POLICY@T[/lens][/heads=PATH][/min=N][/kv=catchup|propagate]")
-    if not name:
-        raise ValueError(f"bad early-exit method {arg!r}: no policy")
-    return name + (f"@{found.group(1)}" if found else ""), options
-
-
-def factory(arg: str, model) -> EarlyExit:
-    spec, options = parse(arg)
-    heads = load_heads(model, options.get("heads") or None)
-    if "lens" in options:
+def build(name, model) -> EarlyExit:
+    policy = name.arg(0)
+    if not policy:
+        raise ValueError(f"bad early-exit method {name.text!r}: no policy (early-exit:POLICY@T)")
+    if name.threshold is None:
+        raise ValueError(f"exit policy {policy!r} needs a threshold: early-exit:{policy}@T")
+    heads = load_heads(model, name.options.get("heads") or None)
+    if "lens" in name.options:
         heads = lens_heads(model, heads.layers)
-    return EarlyExit(heads, make_policy(spec, model, heads), options.get("kv", "catchup"), int(options.get("min", 1)))
-
-
-register("early-exit", factory)
+    try:
+        min_layer = int(name.options.get("min", 1))
+    except ValueError:
+        raise ValueError(f"min takes a layer number, got {name.options['min']!r}") from None
+    return EarlyExit(heads, make_policy(policy, name.threshold, model, heads), name.options.get("kv", "catchup"),
+                     min_layer)

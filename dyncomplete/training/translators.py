@@ -19,8 +19,8 @@ import copy
 import torch
 from tqdm import tqdm
 
+from ..exits.heads import ExitHeads
 from .collect import Collected
-from .heads import ExitHeads
 
 
 def shortlist_base(data: Collected, size: int) -> torch.Tensor:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import GenerationParams, sampling_probs
+from ..engine.params import GenerationParams
+from ..engine.sampling import sampling_probs
 
 
 @dataclass
@@ -36,9 +37,9 @@ def score(model, cache, last_token: int, draft: Draft, position: int) -> torch.T
     """Float32 logits (k+1, vocab) at positions position..position+k, where `last_token` sits at
     `position`: row i predicts the token after draft[:i]. Appends those positions to the cache."""
     k = len(draft.tokens)
-    ctx = model.context(torch.arange(position, position + k + 1))
+    ctx = model.context(torch.arange(position, position + k + 1, device=model.device))
     if draft.hidden is None:
-        hidden = model.embed(torch.tensor([last_token] + draft.tokens), ctx)
+        hidden = model.embed(torch.tensor([last_token] + draft.tokens, device=model.device), ctx)
         start = 0
     else:
         hidden, start = draft.hidden, draft.start_layer
@@ -67,7 +68,7 @@ def accept_sampled(
     for i, token in enumerate(tokens):
         p = sampling_probs(logits[i], params)
         q_token = 1.0 if draft_probs is None else float(draft_probs[i, token])
-        if float(torch.rand((), generator=generator)) * q_token < float(p[token]):
+        if float(torch.rand((), generator=generator, device=p.device)) * q_token < float(p[token]):
             continue
         if draft_probs is None:
             residual = p.clone()

@@ -1,0 +1,44 @@
+"""The one place a token is drawn from logits: greedy at temperature 0, else temperature +
+nucleus (top-p). `sampling_probs` is also the distribution speculative sampling must preserve."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .params import GenerationParams
+
+
+def sampling_probs(logits: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+    """The distribution a token is drawn from, on the logits' device."""
+    probs = torch.softmax(logits.reshape(-1).float() / max(params.temperature, 1e-6), dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < params.top_p
+        sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        probs = probs / probs.sum()
+    return probs
+
+
+def draw(logits: torch.Tensor, params: GenerationParams, generator: torch.Generator | None
+         ) -> tuple[int, torch.Tensor | None]:
+    """(the token, the distribution it was drawn from; None when greedy)."""
+    if params.temperature == 0:
+        return int(torch.argmax(logits.reshape(-1))), None
+    probs = sampling_probs(logits, params)
+    return int(torch.multinomial(probs, 1, generator=generator)), probs
+
+
+def choose_token(logits: torch.Tensor, params: GenerationParams, generator: torch.Generator | None) -> int:
+    return draw(logits, params, generator)[0]
+
+
+def make_generator(params: GenerationParams, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """A seeded random stream on the device the logits live on (None when greedy)."""
+    if params.temperature == 0:
+        return None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % (2**31)))
+    return gen

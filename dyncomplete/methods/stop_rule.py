@@ -1,0 +1,72 @@
+"""`METHOD+stop:T`: end any method's completion when the stop rule (`exits.stop_rule`) gives
+P(wrong) > T for the next token.
+
+Before each token is emitted, the emitter's guard runs the classifier on the row of the latest
+LM-head call that produced it (the model's `head_tap` records them; rows are consumed in order,
+so a verification pass over several positions works too), and a firing rule ends the completion
+before that token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine import DecodingMethod
+from ..exits.stop_rule import check_macs, load_stop_rule
+from .registry import make_method
+
+
+class _HeadRows:
+    """The rows of the latest LM-head call, handed out one per emitted token."""
+
+    def __init__(self):
+        self.rows, self.next = None, 0
+
+    def record(self, normed: torch.Tensor) -> None:
+        self.rows, self.next = normed.reshape(-1, normed.shape[-1]), 0
+
+    def take(self) -> torch.Tensor | None:
+        if self.rows is None or self.next >= len(self.rows):
+            return None
+        self.next += 1
+        return self.rows[self.next - 1]
+
+
+class StopRule(DecodingMethod):
+    def __init__(self, inner: DecodingMethod, threshold: float, mlp: torch.nn.Module):
+        if type(inner).generate is not DecodingMethod.generate:
+            raise ValueError(f"+stop cannot wrap {inner.name}: it does not decode through dyncomplete's loop")
+        self.inner, self.threshold, self.mlp = inner, float(threshold), mlp
+        self.rows = _HeadRows()
+
+    def generate(self, model, *args, **kwargs):
+        self.rows = _HeadRows()
+        model.head_tap = self.rows.record  # from the prompt pass on: its last row gives the first token
+        try:
+            return super().generate(model, *args, **kwargs)
+        finally:
+            model.head_tap = None
+
+    def prepare(self, model, prompt_ids, params, generator, stats):
+        self.inner.prepare(model, prompt_ids, params, generator, stats)
+
+    def decode(self, model, prompt_ids, logits, cache, emitter, generator):
+        macs = check_macs(model)
+
+        def wrong(token, layers, source) -> bool:
+            row = self.rows.take()
+            if row is None:
+                return False
+            emitter.stats.extra_macs += macs
+            return float(torch.sigmoid(self.mlp(row.float()))) > self.threshold
+
+        emitter.guard = wrong
+        self.inner.decode(model, prompt_ids, logits, cache, emitter, generator)
+
+
+def build(name, model) -> StopRule:
+    try:
+        threshold = float(name.arg(0))
+    except ValueError:
+        raise ValueError(f"stop takes a threshold, e.g. +stop:0.8, got {name.arg(0)!r}") from None
+    return StopRule(make_method(name.inner, model), threshold, load_stop_rule(model))
