@@ -27,7 +27,7 @@ def test_pareto_front():
 
 
 def record(id_, method, prediction, decode_s, prefill_s=1.0, new_tokens=4, passed=None, **stats):
-    s = {"prompt_tokens": 10, "new_tokens": new_tokens, "prefill_s": prefill_s, "decode_s": decode_s,
+    s = {"prompt_tokens": 10, "cached_prompt_tokens": 2, "new_tokens": new_tokens, "prefill_s": prefill_s, "decode_s": decode_s,
          "total_s": prefill_s + decode_s, "layer_evals": 30 * new_tokens, "drafted": 0, "accepted": 0,
          "verify_steps": 0, "drafted_per_position": [], "accepted_per_position": [], "stopped_by": "newline"}
     s.update(stats)
@@ -56,6 +56,26 @@ def test_summary_speedups_identity_and_acceptance_by_hand():
     assert spec["acceptance_rate"] == 0.5 and spec["mean_accepted_length"] == 4.0
     assert spec["acceptance_per_position"] == [1.0, 0.5, 0.0] and "acceptance_rate" not in base
     assert spec["tokens_per_s"] == pytest.approx(8 / 3) and spec["energy_j_per_token"] == pytest.approx(0.5)
+    assert spec["prefill_tokens_per_s"] == pytest.approx(16 / 2.0)  # prompt tokens not served from a cache
+
+
+def test_bandwidth_achieved_is_weight_bytes_times_tokens_per_second():
+    records = [{**record("a", "baseline", "x", decode_s=2.0, new_tokens=10), "weight_bytes": 3e8}]
+    entry = summarize(records, ["baseline"], {"memory_bandwidth_gbs": 6.0})["methods"]["baseline"]
+    assert entry["bandwidth_gbs"] == pytest.approx(3e8 * 5 / 1e9) and entry["bandwidth_share"] == pytest.approx(0.25)
+    assert summarize([record("a", "baseline", "x", 1.0)], ["baseline"], {})["methods"]["baseline"]["bandwidth_gbs"] is None
+
+
+def test_copy_bandwidth_and_weight_bytes():
+    import torch
+
+    from dyncomplete.bench.bandwidth import measure_copy_bandwidth, weight_bytes
+
+    assert 0.1 < measure_copy_bandwidth(megabytes=16, repeats=3) < 1000
+    layer = torch.nn.Linear(4, 8, dtype=torch.bfloat16)
+    head = torch.nn.Linear(8, 5, bias=False)
+    fake = type("M", (), {"layers": [layer, layer], "lm_head": head})()  # the same layer twice counts once
+    assert weight_bytes(fake) == (32 + 8) * 2 + 40 * 4
 
 
 def test_stop_rule_effect_by_hand():

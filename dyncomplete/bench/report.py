@@ -15,7 +15,8 @@ def render(summary: dict, plots: list[str]) -> str:
     methods = summary["methods"]
     has_pass = any("pass_at_1" in m for m in methods.values())
     cols = ["method", "EM", "ES", "ROUGE-L", "BLEU"] + (["pass@1"] if has_pass else []) + [
-        "ms/token", "layers/token", "compute/token", "speedup", "e2e speedup", "J/token", "same as baseline"]
+        "tok/s", "prefill tok/s", "ms/token", "layers/token", "compute/token", "speedup", "e2e speedup",
+        "bandwidth", "J/token", "same as baseline"]
     lines = [
         f"# {summary['model']} on {summary['dataset']}",
         "",
@@ -23,7 +24,9 @@ def render(summary: dict, plots: list[str]) -> str:
         f"({summary['cpu']}, {summary['threads']} threads).",
         f"Energy: {summary['energy_source']} ({summary['energy_formula']}).",
         "EM, ES, pass@1 in %; ROUGE-L 0-1; ms/token = decode time per new token; speedup = baseline "
-        "decode time / method decode time (e2e: prefill included), on the same examples.",
+        "decode time / method decode time (e2e: prefill included), on the same examples; bandwidth = "
+        "weight bytes read per decode step x tok/s, as a share of the machine's copy bandwidth "
+        f"({_fmt(summary.get('memory_bandwidth_gbs'))} GB/s).",
         "",
         "| " + " | ".join(cols) + " |",
         "|" + "|".join(["---"] + ["---:"] * (len(cols) - 1)) + "|",
@@ -32,8 +35,10 @@ def render(summary: dict, plots: list[str]) -> str:
         row = [f"`{name}`", _fmt(m["em"]), _fmt(m["es"]), _fmt(m["rouge_l"], 3), _fmt(m["bleu"])]
         if has_pass:
             row.append(_fmt(m.get("pass_at_1")))
-        row += [_fmt(m["decode_ms_per_token"]), _fmt(m["layer_evals_per_token"]), _fmt(m["compute_per_token"], 2),
+        row += [_fmt(m["tokens_per_s"]), _fmt(m.get("prefill_tokens_per_s"), 0), _fmt(m["decode_ms_per_token"]),
+                _fmt(m["layer_evals_per_token"]), _fmt(m["compute_per_token"], 2),
                 _fmt(m["speedup_vs_baseline"], 2, "x"), _fmt(m["e2e_speedup_vs_baseline"], 2, "x"),
+                _fmt(None if m.get("bandwidth_share") is None else 100 * m["bandwidth_share"], 0, "%"),
                 _fmt(m["energy_j_per_token"], 3),
                 _fmt(None if m["identical_to_baseline"] is None else 100 * m["identical_to_baseline"], 0, "%")]
         lines.append("| " + " | ".join(row) + " |")

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..data.datasets import Dataset, program
 from ..engine import Stats, build_prompt
 from ..methods import make_method
+from .bandwidth import weight_bytes
 from .execution import run_program
 from .metrics import score
 
@@ -63,7 +64,7 @@ def evaluate(example: dict, prediction: str, has_tests: bool) -> dict:
     return metrics
 
 
-def record_of(example, name, completion, prompt, measurement, model, has_tests) -> dict:
+def record_of(example, name, completion, prompt, measurement, model, has_tests, read_bytes: int) -> dict:
     stats: Stats = completion.stats
     s = stats.to_dict()
     for key in PER_TOKEN_LISTS:
@@ -76,6 +77,7 @@ def record_of(example, name, completion, prompt, measurement, model, has_tests) 
         "metrics": evaluate(example, completion.text, has_tests),
         "stats": s,
         "compute_per_token": stats.summary(model)["compute_per_token"],
+        "weight_bytes": read_bytes,
         "energy_j": measurement.joules,
         "energy_source": measurement.source,
         "energy_formula": measurement.formula,
@@ -91,6 +93,9 @@ def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter
     check_run(out, config)
     done = {(r["id"], r["method"]) for r in read_results(out)}
     methods = {name: make_method(name, model) for name in method_names}
+    # weights one decode step reads; a reference engine with weights of its own says what it reads
+    read_bytes = {name: m.weight_bytes() if hasattr(m, "weight_bytes") else weight_bytes(model)
+                  for name, m in methods.items()}
     pending = [(ex, name) for ex in dataset.examples for name in method_names if (str(ex["id"]), name) not in done]
     if pending:
         _warm_up(model, methods, dataset, context_budget)
@@ -103,7 +108,7 @@ def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter
                 last = key
             with meter.measure() as m:
                 completion = methods[name].generate(model, prompt.ids, dataset.params)
-            record = record_of(example, name, completion, prompt, m, model, dataset.has_tests)
+            record = record_of(example, name, completion, prompt, m, model, dataset.has_tests, read_bytes[name])
             sink.write(json.dumps(record) + "\n")
             sink.flush()
             bar(f"{key} {name}")

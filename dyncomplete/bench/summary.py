@@ -44,6 +44,7 @@ def summarize_method(rows: list[dict], baseline: dict[str, dict]) -> dict:
         "decode_s": decode_s,
         "total_s": total("total_s"),
         "tokens_per_s": _ratio(new_tokens, decode_s),
+        "prefill_tokens_per_s": _ratio(total("prompt_tokens") - total("cached_prompt_tokens"), total("prefill_s")),
         "decode_ms_per_token": _ratio(1000 * decode_s, new_tokens),
         "layer_evals_per_token": _ratio(total("layer_evals"), new_tokens),
         "compute_per_token": _ratio(sum(r["compute_per_token"] * r["stats"]["new_tokens"] for r in rows), new_tokens),
@@ -63,6 +64,10 @@ def summarize_method(rows: list[dict], baseline: dict[str, dict]) -> dict:
         entry["mean_accepted_length"] = _ratio(new_tokens, total("verify_steps"))
         entry["acceptance_per_position"] = _per_position(stats)
     entry["stopped_by"] = dict(sorted(_count(s["stopped_by"] for s in stats).items()))
+    read = rows[0].get("weight_bytes") if rows else None
+    entry["weight_bytes"] = read
+    # gpt-fast's "bandwidth achieved": weights read per decode step x tokens per second
+    entry["bandwidth_gbs"] = read * entry["tokens_per_s"] / 1e9 if read and entry["tokens_per_s"] else None
     return entry
 
 
@@ -114,6 +119,9 @@ def summarize(records: list[dict], methods: list[str], header: dict) -> dict:
     baseline = {r["id"]: r for r in by_method.get(BASELINE, [])}
     n = len({r["id"] for r in records})
     entries = {m: summarize_method(by_method[m], baseline) for m in methods if by_method[m]}
+    machine = header.get("memory_bandwidth_gbs")
+    for entry in entries.values():
+        entry["bandwidth_share"] = _ratio(entry["bandwidth_gbs"], machine) if entry["bandwidth_gbs"] else None
     for m, entry in entries.items():
         base, sep, _ = m.rpartition("+stop:")
         if sep and by_method.get(base):

@@ -44,6 +44,7 @@ def cpu_name() -> str:
 def run(args) -> int:
     import torch
 
+    from ..bench.bandwidth import machine_bandwidth
     from ..data.datasets import load_dataset
     from ..bench.plots import plot_sweeps, plot_tradeoff
     from ..bench.report import render
@@ -61,7 +62,8 @@ def run(args) -> int:
               "context_budget": args.context_budget}
     records = run_bench(model, dataset, names, out, meter, config, args.context_budget, progress=not args.no_progress)
     header = {**config, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
-              "threads": torch.get_num_threads(), "energy_source": meter.source, "energy_formula": meter.formula,
+              "threads": torch.get_num_threads(), "memory_bandwidth_gbs": machine_bandwidth(cpu_name()),
+              "energy_source": meter.source, "energy_formula": meter.formula,
               "dataset_notes": dataset.notes, "sweeps": sweeps}
     summary = summarize(records, names, header)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

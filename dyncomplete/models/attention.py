@@ -10,6 +10,8 @@ same model runs the same kernels as our decode loops (the identity tests rely on
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -45,8 +47,11 @@ def short_query_attention(module, query, key, value, attention_mask, dropout=0.0
     return out.transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(NAME, short_query_attention)
-AttentionMaskInterface.register(NAME, sdpa_mask)
+@functools.cache
+def _register() -> None:
+    """Make NAME known to transformers (once, when a model first needs it)."""
+    AttentionInterface.register(NAME, short_query_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
 def use_short_query_attention(hf_model) -> bool:
@@ -55,5 +60,6 @@ def use_short_query_attention(hf_model) -> bool:
         return False
     if getattr(hf_model.config, "_attn_implementation", None) != "sdpa":
         return False
+    _register()
     hf_model.set_attn_implementation(NAME)
     return True

@@ -1,0 +1,53 @@
+"""Memory bandwidth: what this machine can move (a copy benchmark, run once and cached), and what
+a decode achieves: the weight bytes one decode step reads times tokens per second, as gpt-fast
+reports it. A CPU decode of a small model is bound by reading its weights, so the share of the
+machine's bandwidth a method reaches says how much is left to gain."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+
+from ..paths import cache_root
+
+COPY_MB = 256
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every decoder layer and the LM head, each tensor
+    once (a tied embedding is the head; of the embedding itself one row is read, left out)."""
+    seen, total = set(), 0
+    for module in [*model.layers, model.lm_head]:
+        for t in [*module.parameters(), *module.buffers()]:
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+    return total
+
+
+def measure_copy_bandwidth(megabytes: int = COPY_MB, repeats: int = 10) -> float:
+    """GB/s of a large tensor copy (bytes read plus bytes written), the median of `repeats`."""
+    src = torch.ones(megabytes * 2**20, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch the pages first
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() / statistics.median(times) / 1e9
+
+
+def machine_bandwidth(cpu: str) -> float:
+    """This machine's copy bandwidth at the current thread count, measured once and cached."""
+    path = cache_root() / "bandwidth.json"
+    key = f"{cpu}|{torch.get_num_threads()} threads"
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in known:
+        known[key] = round(measure_copy_bandwidth(), 2)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(known, indent=1) + "\n")
+    return known[key]

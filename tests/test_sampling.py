@@ -1,0 +1,43 @@
+"""The one token draw (greedy or temperature + top-p) and its random stream, on the device of
+the logits. No model needed."""
+
+import pytest
+import torch
+
+from dyncomplete.engine import GenerationParams
+from dyncomplete.engine.sampling import draw, make_generator, sampling_probs
+from dyncomplete.methods.verify import Draft, accept
+
+
+def test_greedy_draws_the_argmax_without_a_distribution():
+    logits = torch.tensor([0.1, 2.0, -1.0, 1.9])
+    assert draw(logits, GenerationParams(), None) == (1, None)
+    assert make_generator(GenerationParams()) is None
+
+
+def test_top_p_keeps_the_smallest_set_over_p():
+    probs = sampling_probs(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), GenerationParams(temperature=1.0, top_p=0.8))
+    torch.testing.assert_close(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("device", ["cpu", *(["cuda"] if torch.cuda.is_available() else [])])
+def test_seeded_draws_repeat_on_the_logits_device(device):
+    params = GenerationParams(temperature=0.8, top_p=0.9, seed=7)
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0)).to(device)
+    runs = []
+    for _ in range(2):
+        gen = make_generator(params, device)
+        assert gen.device.type == device
+        runs.append([draw(logits, params, gen)[0] for _ in range(20)])
+    assert runs[0] == runs[1] and len(set(runs[0])) > 1
+    token, probs = draw(logits, params, make_generator(params, device))
+    assert probs.device.type == device and float(probs[token]) > 0
+
+
+@pytest.mark.parametrize("device", ["cpu", *(["cuda"] if torch.cuda.is_available() else [])])
+def test_speculative_acceptance_runs_on_the_logits_device(device):
+    params = GenerationParams(temperature=1.0, seed=1)
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(1)).to(device)
+    accepted, token = accept(logits, Draft([3, 4]), params, make_generator(params, device))
+    assert 0 <= accepted <= 2 and 0 <= token < 20
+    assert accept(logits, Draft([int(logits[0].argmax())]), GenerationParams(), None)[0] == 1
