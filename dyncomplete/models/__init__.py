@@ -2,7 +2,7 @@
 
 from .kv_cache import KVCache
 from .layered import LayeredModel
-from .loading import load, resolve_dtype
+from .loading import load, registered_gguf, resolve_dtype
 from .registry import DEFAULT_MODEL, REGISTRY, ModelError
 
-__all__ = ["KVCache", "LayeredModel", "load", "resolve_dtype", "DEFAULT_MODEL", "REGISTRY", "ModelError"]
+__all__ = ["KVCache", "LayeredModel", "load", "registered_gguf", "resolve_dtype", "DEFAULT_MODEL", "REGISTRY", "ModelError"]

