@@ -36,7 +36,7 @@ def test_wrappers_nest_around_any_method():
 
 @pytest.mark.parametrize("bad, says", [
     ("", "empty"), ("nonsense", "unknown method"), ("stop:0.5", "unknown method"),
-    ("baseline+nonsense:1", "unknown method"), ("baseline:1", "use baseline"), ("lookup@0.5", "no @threshold"),
+    ("baseline+nonsense:1", "unknown method"), ("baseline:1", "takes no argument"), ("lookup@0.5", "no @threshold"),
     ("lookup:4/2", "use lookup"), ("self-spec:1/2/3", "use self-spec"), ("early-exit:confidence/bogus@0.9", "use early-exit"),
     ("early-exit:confidence/lens=1@0.9", "takes no value"), ("early-exit:confidence/kv@0.9", "use early-exit"),
     ("early-exit:x@1e", "bad threshold"),

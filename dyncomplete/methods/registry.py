@@ -38,6 +38,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("lookup+self", "dyncomplete.methods.speculative", ("EXIT_LAYER", "DRAFT_LENGTH")),
     Family("draft-model", "dyncomplete.methods.speculative", ("ALIAS", "DRAFT_LENGTH")),
     Family("hf-generate", "dyncomplete.methods.hf_generate", ("prompt-lookup|assisted:ALIAS",)),
+    Family("llama-cpp", "dyncomplete.methods.llama_cpp", ("prompt-lookup",)),
     Family("stop", "dyncomplete.methods.stop_rule", ("T",), wrapper=True),
 ]}
 
@@ -107,6 +108,8 @@ def _parse_one(part: str, text: str, inner: MethodName | None) -> MethodName:
 
 
 def usage(family: Family) -> str:
+    if not (family.args or family.options or family.threshold):
+        return f"{family.name} takes no argument"
     form = family.name + (f"[:{'[/'.join(family.args)}{']' * len(family.args)}" if family.args else "")
     form += "".join(f"[/{k}{'' if kind == 'flag' else '=' + kind.upper()}]" for k, kind in family.options.items())
     return "use " + form + ("[@T]" if family.threshold else "")
