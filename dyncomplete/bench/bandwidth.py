@@ -6,8 +6,10 @@ machine's bandwidth a method reaches says how much is left to gain."""
 from __future__ import annotations
 
 import json
+import platform
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -16,9 +18,22 @@ from ..paths import cache_root
 COPY_MB = 256
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def weight_bytes(model) -> int:
     """Bytes of weights one decode step reads: every decoder layer and the LM head, each tensor
-    once (a tied embedding is the head; of the embedding itself one row is read, left out)."""
+    once (a tied embedding is the head; of the embedding itself one row is read, left out), in
+    the format the running engine reads (the fast engine's fused or quantized weights)."""
+    if getattr(model, "fast", None) is not None and model.engine == "fast":
+        return model.fast.weight_bytes_per_token()
     seen, total = set(), 0
     for module in [*model.layers, model.lm_head]:
         for t in [*module.parameters(), *module.buffers()]:
@@ -41,10 +56,10 @@ def measure_copy_bandwidth(megabytes: int = COPY_MB, repeats: int = 10) -> float
     return 2 * src.numel() / statistics.median(times) / 1e9
 
 
-def machine_bandwidth(cpu: str) -> float:
-    """This machine's copy bandwidth at the current thread count, measured once and cached."""
+def machine_bandwidth() -> float:
+    """This machine's copy bandwidth (GB/s) at the current thread count, measured once and cached."""
     path = cache_root() / "bandwidth.json"
-    key = f"{cpu}|{torch.get_num_threads()} threads"
+    key = f"{cpu_name()}|{torch.get_num_threads()} threads"
     known = json.loads(path.read_text()) if path.is_file() else {}
     if key not in known:
         known[key] = round(measure_copy_bandwidth(), 2)

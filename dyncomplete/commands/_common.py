@@ -12,9 +12,12 @@ def add_model_options(parser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="auto: bfloat16 where the CPU computes it natively, else float32")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--quant", default="none", choices=["none", "int8", "int4"],
+                        help="weight-only quantization of every linear layer and the LM head (CPU; llama, qwen2)")
 
 
 def load_from_args(args):
     from ..models import load
 
-    return load(args.model, dtype=args.dtype, device=args.device, progress=lambda m: print(m, file=sys.stderr))
+    return load(args.model, dtype=args.dtype, device=args.device, progress=lambda m: print(m, file=sys.stderr),
+                quant=getattr(args, "quant", "none"))

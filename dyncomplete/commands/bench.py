@@ -4,7 +4,6 @@ summary.json, report.md and plots to --out (rerun the same command to resume).""
 from __future__ import annotations
 
 import json
-import platform
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,20 +30,10 @@ def method_list(methods: str, sweeps: list[str]) -> tuple[list[str], dict[str, l
     return names, families
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def run(args) -> int:
     import torch
 
-    from ..bench.bandwidth import machine_bandwidth
+    from ..bench.bandwidth import cpu_name, machine_bandwidth
     from ..data.datasets import load_dataset
     from ..bench.plots import plot_sweeps, plot_tradeoff
     from ..bench.report import render
@@ -62,7 +51,7 @@ def run(args) -> int:
               "context_budget": args.context_budget}
     records = run_bench(model, dataset, names, out, meter, config, args.context_budget, progress=not args.no_progress)
     header = {**config, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
-              "threads": torch.get_num_threads(), "memory_bandwidth_gbs": machine_bandwidth(cpu_name()),
+              "threads": torch.get_num_threads(), "memory_bandwidth_gbs": machine_bandwidth(),
               "energy_source": meter.source, "energy_formula": meter.formula,
               "dataset_notes": dataset.notes, "sweeps": sweeps}
     summary = summarize(records, names, header)

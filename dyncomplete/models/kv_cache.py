@@ -25,17 +25,29 @@ class KVCache:
         end = start + keys.shape[-2]
         buf_k = self.keys[layer_idx]
         if buf_k is None or buf_k.shape[-2] < end or buf_k.dtype != keys.dtype:
-            capacity = max(end, 2 * (buf_k.shape[-2] if buf_k is not None else self._capacity))
-            new_k = keys.new_empty(*keys.shape[:-2], capacity, keys.shape[-1])
-            new_v = values.new_empty(*values.shape[:-2], capacity, values.shape[-1])
-            if buf_k is not None and start:
-                new_k[..., :start, :] = buf_k[..., :start, :]
-                new_v[..., :start, :] = self.values[layer_idx][..., :start, :]
-            self.keys[layer_idx], self.values[layer_idx] = new_k, new_v
+            self.grow(layer_idx, end, keys.shape[:-2] + values.shape[-1:], keys.dtype, keys.device,
+                      key_dim=keys.shape[-1])
         self.keys[layer_idx][..., start:end, :] = keys
         self.values[layer_idx][..., start:end, :] = values
         self.lengths[layer_idx] = end
         return self.keys[layer_idx][..., :end, :], self.values[layer_idx][..., :end, :]
+
+    def grow(self, layer_idx: int, end: int, shape: tuple, dtype: torch.dtype, device, key_dim: int | None = None):
+        """Give a layer buffers for at least `end` positions, keeping its first `lengths[layer]`.
+        `shape` = (batch, heads, value dim); keys have `key_dim` (default the value dim). The
+        first buffer reserves `capacity` positions beyond `end`, later ones double, so a decode
+        loop allocates rarely."""
+        buf_k = self.keys[layer_idx]
+        start = self.lengths[layer_idx]
+        old = buf_k.shape[-2] if buf_k is not None else 0
+        capacity = max(end + self._capacity if buf_k is None else end, 2 * old)
+        *lead, dim = shape
+        new_k = torch.empty(*lead, capacity, key_dim or dim, dtype=dtype, device=device)
+        new_v = torch.empty(*lead, capacity, dim, dtype=dtype, device=device)
+        if buf_k is not None and start:
+            new_k[..., :start, :] = buf_k[..., :start, :]
+            new_v[..., :start, :] = self.values[layer_idx][..., :start, :]
+        self.keys[layer_idx], self.values[layer_idx] = new_k, new_v
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.lengths[layer_idx]

@@ -5,6 +5,12 @@ layers, self-speculation drafts with the first layers and verifies with the rest
 hides the differences between architectures (how positions enter, which norm is final, whether
 some layers use a sliding window, logit soft-capping) behind five calls:
 `embed`, `run_layer`, `final_norm`, `head`, and `forward` (all layers at once).
+
+Two engines compute them. `hf` calls the Hugging Face modules (every architecture; the only one
+that trains: LoRA adapters and gradients need the modules). `fast` (llama and qwen2, the default
+for them) runs `fast.FastEngine`: fused weights, plain tensor functions, optional int8/int4
+weights. The fast engine hands a call back to the modules while the model is in training mode or
+its modules were wrapped (peft), so training code sees its adapters.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import fast as fast_engine
 from .attention import use_short_query_attention
 from .invariant import make_batch_invariant
 from .kv_cache import KVCache
@@ -27,10 +34,17 @@ class StepContext:
     positions: torch.Tensor  # (1, q) absolute positions of the step's tokens
     rotary: dict = field(default_factory=dict)  # layer type -> (cos, sin)
     masks: dict = field(default_factory=dict)  # (kv_len, window) -> additive mask or None
+    position_list: list[int] | None = None  # the positions as ints (fast engine)
+    fast_cos: torch.Tensor | None = None  # (1, q, 1, head_dim) rotary tables (fast engine)
+    fast_sin_signed: torch.Tensor | None = None
+
+
+ENGINES = ("auto", "fast", "hf")
 
 
 class LayeredModel:
-    def __init__(self, hf_model, tokenizer=None, name: str = "model", source_sha256: str | None = None):
+    def __init__(self, hf_model, tokenizer=None, name: str = "model", source_sha256: str | None = None,
+                 engine: str = "auto", quant: str = "none"):
         self.hf = hf_model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -59,6 +73,34 @@ class LayeredModel:
             use_short_query_attention(hf_model)
         if self.device.type == "cpu" and self.dtype != torch.float32:
             make_batch_invariant(self.layers)
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}: use {', '.join(ENGINES)}")
+        if engine == "auto":
+            engine = "fast" if fast_engine.supports(self) else "hf"
+        if quant != "none" and engine != "fast":
+            raise ValueError(f"quantized weights (--quant {quant}) need the fast engine: llama or qwen2, not {kind}")
+        self.engine = engine
+        self.quant = quant
+        self.fast = fast_engine.FastEngine(self, quant) if engine == "fast" else None
+        # the modules the fast engine was built from: if peft wraps them, the hf engine runs
+        self._fast_guard = (self.layers[0].self_attn.q_proj, self.layers[0].mlp.down_proj) if self.fast else None
+
+    def set_engine(self, engine: str) -> None:
+        """Switch between `fast` and `hf` on the same weights (a quantized model's modules hold
+        the dequantized weights, so `hf` is then a reference for, not a copy of, its products)."""
+        if engine not in ("fast", "hf") or (engine == "fast" and self.fast is None):
+            raise ValueError(f"engine {engine!r} is not available for this model")
+        self.engine = engine
+
+    def _fast(self):
+        """The fast engine where it applies now: not while training, not on wrapped modules."""
+        fast = self.fast
+        if fast is None or self.engine != "fast" or self.hf.training:
+            return None
+        first = self.layers[0]
+        if first.self_attn.q_proj is not self._fast_guard[0] or first.mlp.down_proj is not self._fast_guard[1]:
+            return None
+        return fast
 
     @property
     def dtype(self) -> torch.dtype:
@@ -77,6 +119,13 @@ class LayeredModel:
         """Shared inputs for one step whose tokens sit at `positions` (a 1-D or (1, q) tensor)."""
         positions = positions.reshape(1, -1).to(self.device)
         ctx = StepContext(positions)
+        if self.fast is not None:
+            ctx.position_list = positions[0].tolist()
+            cos, sin, sin_signed = self.fast.rotary.at(ctx.position_list)
+            ctx.fast_cos, ctx.fast_sin_signed = cos[None, :, None], sin_signed[None, :, None]
+            for layer_type in set(self.layer_types):  # what the modules (and propagate_kv) read
+                ctx.rotary[layer_type] = (cos[None], sin[None])
+            return ctx
         rotary = getattr(self.core, "rotary_emb", None)
         if rotary is not None:
             probe = torch.empty(0, dtype=self.dtype, device=self.device)
@@ -89,6 +138,8 @@ class LayeredModel:
 
     def embed(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         ids = input_ids.reshape(1, -1).to(self.device)
+        if self.fast is not None:
+            return self.fast.embed(ids)
         if self.kind == "gpt2":
             return self.core.wte(ids) + self.core.wpe(ctx.positions)
         if self.kind == "opt":
@@ -104,6 +155,9 @@ class LayeredModel:
         past = cache.lengths[i] if cache is not None else 0
         window = self.sliding_window if layer_type == "sliding_attention" else None
         mask = self._mask(ctx, past + hidden.shape[1], window)
+        fast = self._fast()
+        if fast is not None:
+            return fast.run_layer(i, hidden, ctx, cache, mask)
         kwargs = {"attention_mask": mask, "cache": cache}
         if self.kind in ("gpt2",):
             out = self.layers[i](hidden, **kwargs)
@@ -115,6 +169,9 @@ class LayeredModel:
         return out[0] if isinstance(out, tuple) else out
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        fast = self._fast()
+        if fast is not None:
+            return fast.final_norm(hidden)
         if self.kind == "gpt2":
             return self.core.ln_f(hidden)
         if self.kind == "opt":
@@ -126,6 +183,9 @@ class LayeredModel:
     def head(self, normed: torch.Tensor) -> torch.Tensor:
         if self.head_tap is not None:
             self.head_tap(normed)
+        fast = self._fast()
+        if fast is not None:
+            return fast.head(normed)
         logits = self.lm_head(normed)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
@@ -155,7 +215,9 @@ class LayeredModel:
         if key in ctx.masks:
             return ctx.masks[key]
         q_pos = ctx.positions[0]
-        if len(q_pos) == 1 and int(q_pos[0]) == kv_len - 1 and (window is None or kv_len <= window):
+        listed = ctx.position_list
+        last = listed[0] if listed is not None and len(listed) == 1 else (int(q_pos[0]) if len(q_pos) == 1 else None)
+        if last == kv_len - 1 and (window is None or kv_len <= window):
             mask = None
         else:
             k_pos = torch.arange(kv_len, device=self.device)

@@ -163,8 +163,11 @@ def resolve(name: str, progress=print) -> tuple[str, str | None]:
     return name, None  # a hub id: works where a network (or the hub cache) exists
 
 
-def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print) -> LayeredModel:
-    """Load any supported model as a `LayeredModel` with its tokenizer."""
+def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, quant: str = "none",
+         engine: str = "auto") -> LayeredModel:
+    """Load any supported model as a `LayeredModel` with its tokenizer. `quant` (none, int8, int4)
+    quantizes every linear layer and the LM head at load (weight-only, PyTorch's CPU kernels; a
+    fraction of a second for SmolLM2); `engine` picks fast (llama, qwen2) or hf (see layered.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
@@ -179,4 +182,7 @@ def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print) ->
     except Exception as exc:
         hint = f"delete {source} and run again to reconvert" if name in REGISTRY else "check the files"
         raise ModelError(f"corrupt or unreadable weights for {name!r} in {source}: {exc} ({hint})") from exc
-    return LayeredModel(model, tokenizer, name=name, source_sha256=sha)
+    try:
+        return LayeredModel(model, tokenizer, name=name, source_sha256=sha, engine=engine, quant=quant)
+    except ValueError as exc:
+        raise ModelError(f"{name}: {exc}") from exc

@@ -1,0 +1,86 @@
+"""Decode and prefill speed of one model configuration, and the memory bandwidth it reaches.
+
+    python -m dyncomplete.bench.speed --engine fast --quant int8 --runs 5
+
+Prompt: the first 480 tokens of the standard library's `json/decoder.py`; 64 greedy tokens, one
+`LayeredModel.forward` per token (the baseline's decode loop without its emitter). Reports
+medians over runs. Bandwidth achieved = weight bytes one decode token reads x tokens/s, over the
+machine's copy bandwidth (`bandwidth.machine_bandwidth`, measured once and cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+
+from ..models import load
+from .bandwidth import machine_bandwidth, weight_bytes
+
+PROMPT_FILE = Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py"
+
+
+@torch.inference_mode()
+def measure(model, prompt_tokens: int = 480, new_tokens: int = 64, runs: int = 5) -> dict:
+    ids = model.tokenizer(PROMPT_FILE.read_text(), add_special_tokens=False).input_ids[:prompt_tokens]
+    prompt = torch.tensor(ids)
+    model.forward(prompt[:32], model.new_cache())  # warm-up
+    decode_ms, prefill_tps, outputs = [], [], []
+    for _ in range(runs):
+        cache = model.new_cache()
+        start = time.perf_counter()
+        logits = model.forward(prompt, cache)[0, -1]
+        prefill_tps.append(len(ids) / (time.perf_counter() - start))
+        tokens = [int(torch.argmax(logits))]
+        start = time.perf_counter()
+        for k in range(new_tokens - 1):
+            logits = model.forward(torch.tensor([tokens[-1]]), cache, start=len(ids) + k)[0, -1]
+            tokens.append(int(torch.argmax(logits)))
+        decode_ms.append((time.perf_counter() - start) * 1000 / (new_tokens - 1))
+        outputs.append(tokens)
+    ms = statistics.median(decode_ms)
+    per_token = weight_bytes(model)
+    return {
+        "engine": model.engine, "quant": model.quant, "dtype": str(model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(), "runs": runs, "prompt_tokens": len(ids), "new_tokens": new_tokens,
+        "decode_ms_per_token": round(ms, 2), "decode_ms_all": [round(x, 2) for x in decode_ms],
+        "decode_tok_s": round(1000 / ms, 1), "prefill_tok_s": round(statistics.median(prefill_tps), 1),
+        "weight_mb_per_token": round(per_token / 1e6, 1),
+        "bandwidth_gb_s": round(per_token * 1000 / ms / 1e9, 2),
+        "tokens": outputs[0],
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--engine", default="auto", choices=["auto", "fast", "hf"])
+    p.add_argument("--quant", default="none", choices=["none", "int8", "int4"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--prompt-tokens", type=int, default=480)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--bandwidth", action="store_true", help="also report the share of copy bandwidth reached")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    model = load(args.model, dtype=args.dtype, quant=args.quant, engine=args.engine, progress=lambda m: None)
+    load_s = time.perf_counter() - start
+    result = measure(model, args.prompt_tokens, args.new_tokens, args.runs)
+    result["load_s"] = round(load_s, 2)
+    if args.bandwidth:
+        result["copy_gb_s"] = machine_bandwidth()
+        result["bandwidth_share"] = round(result["bandwidth_gb_s"] / result["copy_gb_s"], 3)
+    result["tokens"] = result["tokens"][:16]
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

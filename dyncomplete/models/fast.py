@@ -1,0 +1,361 @@
+"""A lean per-layer engine for llama and qwen2 decoders, with optional weight-only quantization.
+
+`LayeredModel` keeps its five calls; for llama and qwen2 at inference they land here instead of
+in the Hugging Face modules, which cost about two thirds of a SmolLM2 decode step in module
+dispatch, hooks, keyword plumbing and small tensors made per call. This engine holds:
+
+- per layer one fused query/key/value weight and one fused gate/up weight (the Hugging Face
+  modules keep theirs as views into the fused tensors, so training code, peft and
+  `early_exit.propagate_kv` still find `q_proj`, `k_proj`, ... with the same values and no
+  second copy of the weights);
+- the model's own RMSNorm as two tensor operations (the same arithmetic as Hugging Face's:
+  float32 normalisation, rounded to the model dtype, then times the weight);
+- rotary cos/sin tables computed once and sliced by position (the same values Hugging Face's
+  rotary module gives, checked by the tests), applied to queries and keys at once;
+- the KV cache of `kv_cache.py` (per-layer lengths, crop, copy), written in place;
+- attention for short queries with grouped heads and the split reduction of `invariant.py`
+  (the same operations as `attention.short_query_attention`), SDPA otherwise.
+
+In the model's own dtype the engine computes bit for bit what the Hugging Face path computes
+(fused products give each output the same sums as separate ones; checked by the tests), so
+`generate` on the same weights stays a reference. Each position's result does not depend on how
+many positions run together for queries of up to `SHORT_QUERY` tokens (verification passes),
+as `invariant.py` requires for lossless speculative decoding in bfloat16.
+
+Quantized weights (`quant="int8"` or `"int4"`) replace every linear layer, the LM head
+included, with PyTorch's CPU weight-only kernels: int8 per output channel (symmetric), int4 in
+groups of `INT4_GROUP` input features (asymmetric, scale and zero point per group). Both kernels
+give each row the same result at any row count (checked by the tests), so verification passes
+stay identical to one-token decoding. The Hugging Face modules then hold the dequantized weights,
+so the `hf` engine, `propagate_kv` and the self-draft shortlist see the same model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .attention import SHORT_QUERY
+from .invariant import BLOCK, split_k_matmul
+
+FAST_KINDS = ("llama", "qwen2")
+QUANTS = ("none", "int8", "int4")
+INT4_GROUP = 32  # input features per int4 scale/zero pair (GGUF's Q4_0/Q4_1 block)
+TABLE_CHUNK = 256  # positions per chunk when building rotary tables (see `RotaryTables.extend`)
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose frequencies never change
+
+
+def supports(model) -> bool:
+    """Whether the fast engine can run this `LayeredModel` (llama or qwen2 with a static RoPE)."""
+    if model.kind not in FAST_KINDS:
+        return False
+    rotary = getattr(model.core, "rotary_emb", None)
+    rope_type = getattr(rotary, "rope_type", "default")
+    return rotary is not None and rope_type in STATIC_ROPE and getattr(model.config, "hidden_act", "silu") == "silu"
+
+
+# -- linear layers ------------------------------------------------------------------------------
+
+
+def quantize_int8(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: (int8 weight (N, K), scales (N,) in `dtype`)."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12).to(dtype)
+    q = torch.round(w / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def quantize_int4(weight: torch.Tensor, dtype: torch.dtype, group: int = INT4_GROUP):
+    """Asymmetric int4 in groups of `group` input features, as `_weight_int4pack_mm_for_cpu` reads
+    it: w ~ (q - 8) * scale + zero with q in 0..15. Returns (levels (N, K) int32, scales and zeros
+    (K / group, N, 2) in `dtype`)."""
+    n, k = weight.shape
+    if k % group:
+        raise ValueError(f"int4 needs input features divisible by {group}, got {k}")
+    w = weight.detach().float().reshape(n, k // group, group)
+    lo, hi = w.amin(dim=-1), w.amax(dim=-1)
+    scales = ((hi - lo) / 15).clamp_min(1e-8).to(dtype).float()
+    zeros = (lo + 8 * scales).to(dtype).float()
+    q = torch.round((w - zeros[..., None]) / scales[..., None] + 8).clamp_(0, 15).to(torch.int32)
+    packed_sz = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
+    return q.reshape(n, k), packed_sz
+
+
+class Linear:
+    """y = x W^T (+ b) for x (..., K): plain weights (the model dtype), int8 or int4.
+
+    Plain weights reduce over at most BLOCK inputs per product in low precision on the CPU (as
+    `invariant.split_k_linear` does), so a row's result never depends on the rows beside it."""
+
+    __slots__ = ("weight", "bias", "quant", "split", "wt", "qweight", "scales", "group", "in_features",
+                 "out_features", "levels")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, quant: str = "none",
+                 invariant: bool = False, group: int = INT4_GROUP):
+        self.out_features, self.in_features = weight.shape
+        self.weight, self.bias, self.quant, self.group = weight, bias, quant, group
+        self.split = invariant and self.in_features > BLOCK
+        self.wt = weight.t()
+        self.qweight = self.scales = self.levels = None
+        if quant == "int8":
+            self.qweight, self.scales = quantize_int8(weight, weight.dtype)
+        elif quant == "int4":
+            levels, self.scales = quantize_int4(weight, weight.dtype, group)
+            self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1)
+            self.levels = levels  # kept until `dequantized` has run (see FastEngine)
+        elif quant != "none":
+            raise ValueError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the quantized kernel multiplies by, in the model dtype (plain: the weight)."""
+        dtype = self.weight.dtype
+        if self.quant == "int8":
+            return (self.qweight.float() * self.scales.float()[:, None]).to(dtype)
+        if self.quant == "int4":
+            levels = self.levels.float().reshape(self.out_features, -1, self.group)
+            sz = self.scales.float().transpose(0, 1)  # (N, K / group, 2)
+            return ((levels - 8) * sz[..., :1] + sz[..., 1:]).reshape(self.out_features, -1).to(dtype)
+        return self.weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        quant = self.quant
+        if quant == "none":
+            if not self.split:
+                return F.linear(x, self.weight, self.bias)
+            out = split_k_matmul(x, self.wt)
+            return out if self.bias is None else out + self.bias
+        rows = x.reshape(-1, self.in_features)
+        if quant == "int8":
+            out = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scales)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.qweight, self.group, self.scales)
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+    def weight_bytes(self) -> int:
+        """Bytes read from memory by one product (weights, scales, bias)."""
+        if self.quant == "none":
+            n = self.weight.numel() * self.weight.element_size()
+        elif self.quant == "int8":
+            n = self.qweight.numel() + self.scales.numel() * self.scales.element_size()
+        else:
+            n = self.out_features * self.in_features // 2 + self.scales.numel() * self.scales.element_size()
+        return n + (self.bias.numel() * self.bias.element_size() if self.bias is not None else 0)
+
+
+# -- rotary tables ------------------------------------------------------------------------------
+
+
+class RotaryTables:
+    """cos and signed sin per position, in the model dtype, grown on demand.
+
+    Values are computed as the Hugging Face rotary module computes them (float32 position x
+    inverse frequency, cos/sin, times the attention scaling, rounded to the dtype), in chunks of
+    TABLE_CHUNK positions so that every element takes the vectorised path that module takes for
+    one decode position (a tail element would go through the scalar cos, which may differ in the
+    last bit). `sin_signed` is sin with its first half negated: rotate_half(x) * sin ==
+    roll(x, d/2) * sin_signed exactly."""
+
+    def __init__(self, rotary_emb, dtype: torch.dtype, device: torch.device):
+        self.inv_freq = rotary_emb.inv_freq.detach().to(device=device, dtype=torch.float32)
+        self.scaling = float(getattr(rotary_emb, "attention_scaling", 1.0))
+        self.dtype, self.device = dtype, device
+        half = self.inv_freq.numel()
+        self.sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=device, dtype=dtype)
+        self.cos = torch.empty(0, 2 * half, dtype=dtype, device=device)
+        self.sin = torch.empty_like(self.cos)
+        self.sin_signed = torch.empty_like(self.cos)
+
+    def extend(self, length: int) -> None:
+        if length <= self.cos.shape[0]:
+            return
+        length = max(length, 2 * self.cos.shape[0], 4 * TABLE_CHUNK)
+        length = -(-length // TABLE_CHUNK) * TABLE_CHUNK
+        cos, sin = [self.cos], [self.sin]
+        with torch.inference_mode(False), torch.no_grad():
+            for start in range(self.cos.shape[0], length, TABLE_CHUNK):
+                positions = torch.arange(start, start + TABLE_CHUNK, device=self.device).float()
+                freqs = positions[:, None] * self.inv_freq
+                emb = torch.cat((freqs, freqs), dim=-1)
+                cos.append((emb.cos() * self.scaling).to(self.dtype))
+                sin.append((emb.sin() * self.scaling).to(self.dtype))
+            self.cos, self.sin = torch.cat(cos), torch.cat(sin)
+            self.sin_signed = self.sin * self.sign
+
+    def at(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cos, sin, sin_signed), each (q, head_dim), for the given positions."""
+        first, n = positions[0], len(positions)
+        self.extend(max(positions) + 1)
+        if positions == list(range(first, first + n)):
+            return self.cos[first : first + n], self.sin[first : first + n], self.sin_signed[first : first + n]
+        index = torch.tensor(positions, device=self.device)
+        return self.cos[index], self.sin[index], self.sin_signed[index]
+
+
+# -- the engine ---------------------------------------------------------------------------------
+
+
+class FastLayer:
+    __slots__ = ("in_norm", "post_norm", "qkv", "o", "gate_up", "down", "attn_module")
+
+    def __init__(self, in_norm, post_norm, qkv, o, gate_up, down, attn_module):
+        self.in_norm, self.post_norm = in_norm, post_norm
+        self.qkv, self.o, self.gate_up, self.down = qkv, o, gate_up, down
+        self.attn_module = attn_module
+
+
+def _fuse(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) made of the linears' rows; each linear then holds views into it."""
+    weight = torch.cat([lin.weight.detach() for lin in linears]).contiguous()
+    biases = [lin.bias for lin in linears]
+    bias = torch.cat([b.detach() for b in biases]).contiguous() if all(b is not None for b in biases) else None
+    if any(b is not None for b in biases) and bias is None:
+        raise ValueError("cannot fuse linear layers where only some have a bias")
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight = torch.nn.Parameter(weight[start : start + n], requires_grad=lin.weight.requires_grad)
+        if bias is not None:
+            lin.bias = torch.nn.Parameter(bias[start : start + n], requires_grad=lin.bias.requires_grad)
+        start += n
+    return weight, bias
+
+
+def _set_weight(linear: torch.nn.Linear, value: torch.Tensor) -> None:
+    with torch.no_grad():
+        linear.weight.copy_(value)
+
+
+class FastEngine:
+    """Per-layer computation for a llama/qwen2 `LayeredModel` (see the module docstring)."""
+
+    def __init__(self, model, quant: str = "none"):
+        if not supports(model):
+            raise ValueError(f"the fast engine runs llama and qwen2 (static RoPE, SiLU), not {model.kind}")
+        if quant not in QUANTS:
+            raise ValueError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
+        self.model = model
+        self.quant = quant
+        config = model.config
+        dtype, device = model.dtype, model.device
+        if quant != "none" and device.type != "cpu":
+            raise ValueError("quantized weights use PyTorch's CPU kernels: run them on the CPU")
+        self.dtype, self.device = dtype, device
+        invariant = device.type == "cpu" and dtype != torch.float32
+        self.short_path = invariant  # the plain short-query attention (attention.py's rule)
+        attn0 = model.layers[0].self_attn
+        self.head_dim = attn0.head_dim
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.groups = self.heads // self.kv_heads
+        self.scale = attn0.scaling
+        self.intermediate = config.intermediate_size
+        self.eps = model.core.norm.variance_epsilon
+        self.rotary = RotaryTables(model.core.rotary_emb, dtype, device)
+        self.layers: list[FastLayer] = []
+        with torch.no_grad():
+            for layer in model.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                qkv_w, qkv_b = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+                gu_w, gu_b = _fuse([mlp.gate_proj, mlp.up_proj])
+                fast = FastLayer(
+                    layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                    Linear(qkv_w, qkv_b, quant, invariant),
+                    Linear(attn.o_proj.weight, attn.o_proj.bias, quant, invariant),
+                    Linear(gu_w, gu_b, quant, invariant),
+                    Linear(mlp.down_proj.weight, mlp.down_proj.bias, quant, invariant),
+                    attn,
+                )
+                if quant != "none":  # the Hugging Face modules get the weights the kernels use
+                    for lin in (fast.qkv, fast.o, fast.gate_up, fast.down):
+                        lin.weight.copy_(lin.dequantized())
+                        lin.levels = None
+                self.layers.append(fast)
+            self.final_norm_weight = model.core.norm.weight
+            head = model.lm_head
+            self.lm_head = Linear(head.weight, head.bias, quant, invariant)
+            if quant != "none":  # tied embeddings get the dequantized rows too: one consistent model
+                head.weight.copy_(self.lm_head.dequantized())
+                self.lm_head.levels = None
+        self.embedding = model.core.embed_tokens.weight
+
+    # -- the calls LayeredModel forwards ------------------------------------------------------
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # normalised in float32 and rounded to the dtype inside rms_norm, then times the weight:
+        # Hugging Face's order of roundings (checked bit for bit by the tests)
+        return F.rms_norm(x, (x.shape[-1],), None, self.eps) * weight
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embedding)
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.rms_norm(hidden, self.final_norm_weight)
+
+    def head(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(normed)
+
+    def run_layer(self, i: int, hidden: torch.Tensor, ctx, cache, mask) -> torch.Tensor:
+        layer = self.layers[i]
+        H, KV, d = self.heads, self.kv_heads, self.head_dim
+        q_len = hidden.shape[1]
+        x = self.rms_norm(hidden, layer.in_norm)
+        qkv = layer.qkv(x).view(1, q_len, H + 2 * KV, d)
+        qk = qkv[:, :, : H + KV]
+        qk = qk * ctx.fast_cos + qk.roll(d // 2, -1) * ctx.fast_sin_signed
+        new_k = qk[0, :, H:].transpose(0, 1)  # (KV, q, d)
+        new_v = qkv[0, :, H + KV :].transpose(0, 1)
+        if cache is not None:
+            start = cache.lengths[i]
+            end = start + q_len
+            keys = cache.keys[i]
+            if keys is None or keys.shape[-2] < end or keys.dtype != hidden.dtype:
+                cache.grow(i, end, (1, KV, d), hidden.dtype, hidden.device)
+                keys = cache.keys[i]
+            values = cache.values[i]
+            keys[0, :, start:end] = new_k
+            values[0, :, start:end] = new_v
+            cache.lengths[i] = end
+            keys, values = keys[:, :, :end], values[:, :, :end]
+        else:
+            keys, values = new_k[None], new_v[None]
+        q = qk[:, :, :H]  # (1, q, H, d)
+        if self.short_path and q_len <= SHORT_QUERY:
+            out = self._short_attention(q, keys, values, mask, q_len)
+        else:
+            out = self._sdpa(layer.attn_module, q, keys, values, mask)
+        h = hidden + layer.o(out)
+        x = self.rms_norm(h, layer.post_norm)
+        gu = layer.gate_up(x)
+        act = F.silu(gu[..., : self.intermediate]) * gu[..., self.intermediate :]
+        return h + layer.down(act)
+
+    def _short_attention(self, q, keys, values, mask, q_len):
+        """`attention.short_query_attention` on the engine's layout: q (1, q, H, d), keys and
+        values (1, KV, n, d); returns (1, q, H*d)."""
+        H, KV, G, d = self.heads, self.kv_heads, self.groups, self.head_dim
+        grouped = q.transpose(1, 2).reshape(1, KV, G * q_len, d)
+        scores = torch.matmul(grouped, keys.transpose(-1, -2)).float().mul_(self.scale)
+        if mask is not None:
+            scores = scores.view(1, KV, G, q_len, -1) + mask[:, :, -q_len:, : keys.shape[2]].unsqueeze(2)
+        probs = torch.softmax(scores, dim=-1).to(values.dtype).view(1, KV, G * q_len, -1)
+        out = split_k_matmul(probs, values).view(1, H, q_len, d)
+        return out.transpose(1, 2).reshape(1, q_len, H * d)
+
+    def _sdpa(self, module, q, keys, values, mask):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        out, _ = sdpa_attention_forward(module, q.transpose(1, 2), keys, values, mask, dropout=0.0,
+                                        scaling=self.scale)
+        return out.reshape(1, out.shape[1], -1)
+
+    # -- accounting ---------------------------------------------------------------------------
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode token reads: every layer's linears, the norms, the LM head
+        and one embedding row."""
+        total = self.lm_head.weight_bytes() + self.final_norm_weight.numel() * self.final_norm_weight.element_size()
+        for layer in self.layers:
+            total += sum(lin.weight_bytes() for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            total += 2 * layer.in_norm.numel() * layer.in_norm.element_size()
+        return total + self.embedding.shape[1] * self.embedding.element_size()

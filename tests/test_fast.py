@@ -1,0 +1,173 @@
+"""The fast engine (models/fast.py): the same numbers as the Hugging Face modules on the same
+weights, each position's logits independent of the positions computed with it (bfloat16, int8,
+int4), and lossless speculative decoding on quantized weights."""
+
+import glob
+
+import pytest
+import torch
+from test_baseline import stdlib_prompts
+from test_layered import tiny_model
+
+from dyncomplete import methods
+from dyncomplete.engine import GenerationParams
+from dyncomplete.methods.baseline import Baseline
+from dyncomplete.models import LayeredModel, load
+from dyncomplete.models.fast import Linear, quantize_int4, quantize_int8
+
+
+def long_ids(model, n=1200):
+    """Over 1024 tokens of real code, so attention reductions are split in bfloat16 too."""
+    source = max(glob.glob(torch.__file__.rsplit("/", 1)[0] + "/nn/modules/*.py"), key=lambda p: len(open(p).read()))
+    return model.tokenizer(open(source).read()).input_ids[:n]
+
+
+def run_steps(model, ids, start, engine):
+    """Prompt pass, 4 one-token steps, a 6-token verification pass: every logit row."""
+    model.set_engine(engine)
+    try:
+        cache = model.new_cache()
+        out = [model.forward(torch.tensor(ids[:start]), cache, last_only=False)[0]]
+        for k in range(4):
+            out.append(model.forward(torch.tensor([ids[start + k]]), cache, start=start + k)[0])
+        out.append(model.forward(torch.tensor(ids[start + 4 : start + 10]), cache, last_only=False)[0])
+    finally:
+        model.set_engine("fast")
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("fixture,start", [("smollm", 300), ("smollm_bf16", 1100)])
+def test_fast_engine_computes_what_the_modules_compute_bit_for_bit(fixture, start, request):
+    """Same model object, so the same weight memory (the modules hold views into the fused
+    weights; float32 products depend on the weights' alignment, so a second load may differ in the
+    last bits)."""
+    model = request.getfixturevalue(fixture)
+    assert model.engine == "fast"
+    ids = long_ids(model)
+    assert torch.equal(run_steps(model, ids, start, "fast"), run_steps(model, ids, start, "hf"))
+
+
+def test_fast_engine_matches_a_separately_loaded_hf_model_in_float32(smollm):
+    hf = load("smollm2-135m", dtype="float32", engine="hf", progress=lambda m: None)
+    assert hf.fast is None
+    for text in stdlib_prompts(3):
+        ids = smollm.tokenizer(text, add_special_tokens=False).input_ids
+        torch.testing.assert_close(smollm.forward(torch.tensor(ids), last_only=False),
+                                   hf.forward(torch.tensor(ids), last_only=False), atol=2e-3, rtol=1e-4)
+        params = GenerationParams(max_new_tokens=16)
+        assert Baseline().generate(smollm, ids, params).token_ids == Baseline().generate(hf, ids, params).token_ids
+
+
+def test_rotary_tables_equal_the_rotary_module(smollm_bf16):
+    model = smollm_bf16
+    rotary = model.core.rotary_emb
+    probe = torch.empty(0, dtype=model.dtype)
+    for positions in ([0], [5], [1023], [1024], [2047, 2048], list(range(700, 707)), list(range(0, 480))):
+        ctx = model.context(torch.tensor(positions))
+        cos, sin = rotary(probe, torch.tensor([positions]))
+        assert torch.equal(ctx.rotary["full_attention"][0], cos) and torch.equal(ctx.rotary["full_attention"][1], sin)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_tiny_models_fast_equals_modules_and_hf_logits(kind):
+    hf = tiny_model(kind)
+    model = LayeredModel(hf)
+    assert model.engine == "fast"
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = hf(ids).logits.float()
+    torch.testing.assert_close(model.forward(ids, last_only=False), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_training_mode_and_wrapped_modules_fall_back_to_the_modules():
+    model = LayeredModel(tiny_model("llama"))
+    calls = []
+    model.layers[0].register_forward_hook(lambda *a: calls.append(1))
+    ids = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(5))
+    model.forward(ids)
+    assert calls == []  # inference: the fast engine, no module call
+    model.hf.train()
+    try:
+        ctx = model.context(torch.arange(6))
+        model.run_layer(0, model.embed(ids, ctx), ctx, None)
+    finally:
+        model.hf.eval()
+    assert calls == [1]
+    original = model.layers[0].self_attn.q_proj
+    model.layers[0].self_attn.q_proj = torch.nn.Linear(32, 32, bias=False)  # as peft's wrappers do
+    model.forward(ids)
+    assert calls == [1, 1]
+    model.layers[0].self_attn.q_proj = original
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (3072, 576), (49152, 576)])
+def test_quantized_kernels_give_a_row_the_same_result_at_any_row_count(quant, shape):
+    g = torch.Generator().manual_seed(shape[0])
+    weight = (torch.randn(shape, generator=g) * 0.05).bfloat16()
+    lin = Linear(weight, None, quant)
+    x = torch.randn(17, shape[1], generator=g).bfloat16()
+    alone = [lin(x[r : r + 1])[0] for r in range(17)]
+    for m in (2, 3, 5, 8, 11, 17):
+        together = lin(x[:m])
+        assert all(torch.equal(together[r], alone[r]) for r in range(m)), m
+    # and the kernel multiplies by the weight `dequantized` describes
+    ref = x.float() @ lin.dequantized().float().t()
+    torch.testing.assert_close(lin(x).float(), ref, atol=0.05, rtol=0.02)
+
+
+def test_quantization_error_is_small():
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(6))
+    q, scales = quantize_int8(w, torch.float32)
+    assert (q.float() * scales[:, None] - w).abs().max() <= scales.max() / 2 + 1e-6
+    levels, sz = quantize_int4(w, torch.float32, 32)
+    assert levels.min() >= 0 and levels.max() <= 15 and sz.shape == (256 // 32, 64, 2)
+    deq = Linear(w, None, "int4").dequantized()
+    assert (deq - w).abs().max() < 0.6 * (w.abs().max() * 2 / 15)
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def quantized(request):
+    return load("smollm2-135m", dtype="bfloat16", quant=request.param, progress=lambda m: None)
+
+
+def test_quantized_model_gives_a_position_the_same_logits_alone_or_in_a_verification_pass(quantized):
+    model = quantized
+    ids = long_ids(model)
+    start = len(ids) - 8
+    alone_cache, together_cache = model.new_cache(), model.new_cache()
+    model.forward(torch.tensor(ids[:start]), alone_cache)
+    model.forward(torch.tensor(ids[:start]), together_cache)
+    alone = [model.forward(torch.tensor([ids[start + k]]), alone_cache, start=start + k)[0, -1] for k in range(8)]
+    together = model.forward(torch.tensor(ids[start:]), together_cache, start=start, last_only=False)[0]
+    assert [torch.equal(together[k], alone[k]) for k in range(8)] == [True] * 8
+
+
+def test_quantized_model_agrees_with_bfloat16_on_most_greedy_tokens(quantized, smollm_bf16):
+    """A quality floor: top-1 agreement with the bfloat16 model over real code positions."""
+    agree = total = 0
+    for text in stdlib_prompts(4):
+        ids = torch.tensor(smollm_bf16.tokenizer(text, add_special_tokens=False).input_ids)
+        a = quantized.forward(ids, last_only=False)[0].argmax(-1)
+        b = smollm_bf16.forward(ids, last_only=False)[0].argmax(-1)
+        agree += int((a == b).sum())
+        total += len(ids)
+    assert agree / total > (0.95 if quantized.quant == "int8" else 0.8), agree / total
+
+
+def test_lookup_is_identical_to_baseline_on_int8_weights():
+    model = load("smollm2-135m", dtype="bfloat16", quant="int8", progress=lambda m: None)
+    params = GenerationParams(max_new_tokens=16)
+    drafted = 0
+    for text in stdlib_prompts(12):
+        ids = model.tokenizer(text, add_special_tokens=False).input_ids
+        want = Baseline().generate(model, ids, params).token_ids
+        out = methods.make_method("lookup", model).generate(model, ids, params)
+        assert out.token_ids == want
+        drafted += out.stats.drafted
+    assert drafted > 0
+
+
+def test_quantization_needs_the_fast_engine():
+    with pytest.raises(ValueError, match="fast engine"):
+        LayeredModel(tiny_model("gpt2"), quant="int8")
