@@ -9,7 +9,7 @@ import pytest
 
 from dyncomplete.models import load
 
-MODEL_FIXTURES = {"smollm", "smollm_bf16", "qwen05", "served"}
+MODEL_FIXTURES = {"smollm", "smollm_bf16", "qwen05", "served", "quantized"}
 
 
 def pytest_collection_modifyitems(items):

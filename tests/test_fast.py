@@ -36,6 +36,7 @@ def run_steps(model, ids, start, engine):
     return torch.cat(out)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("fixture,start", [("smollm", 300), ("smollm_bf16", 1100)])
 def test_fast_engine_computes_what_the_modules_compute_bit_for_bit(fixture, start, request):
     """Same model object, so the same weight memory (the modules hold views into the fused
@@ -155,6 +156,7 @@ def test_quantized_model_agrees_with_bfloat16_on_most_greedy_tokens(quantized, s
     assert agree / total > (0.95 if quantized.quant == "int8" else 0.8), agree / total
 
 
+@pytest.mark.model
 def test_lookup_is_identical_to_baseline_on_int8_weights():
     model = load("smollm2-135m", dtype="bfloat16", quant="int8", progress=lambda m: None)
     params = GenerationParams(max_new_tokens=16)
