@@ -1,7 +1,6 @@
 """The wrong-token stop rule: labels from real code, and the `+stop:T` wrapper around a method."""
 
 import pytest
-import torch
 
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods.baseline import Baseline

@@ -1,6 +1,5 @@
 """The shipped exit agent as policy `rl@T` inside early-exit decoding, on the real model."""
 
-import pytest
 import torch
 
 from dyncomplete.engine import GenerationParams
