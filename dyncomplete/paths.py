@@ -1,13 +1,41 @@
-"""Where dyncomplete keeps files: the cache (converted weights, datasets, collected hidden states)
-and the shipped assets (trained exit heads, classifiers, agents)."""
+"""Where dyncomplete keeps files: the cache (converted weights, datasets, collected hidden states,
+measurements of this machine filed under its CPU's name) and the shipped assets (trained exit
+heads, classifiers, agents)."""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 from pathlib import Path
+from typing import Callable
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("DYNCOMPLETE_CACHE", Path.home() / ".cache" / "dyncomplete"))
+
+
+def cpu_name() -> str:
+    """The CPU's model name, the key of the measurements cached per machine."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_measurement(file: str, key: str, measure: Callable[[], float]) -> float:
+    """A figure of this machine (e.g. copy bandwidth) under `key` in cache_root()/file, the CPU's
+    name prefixed: measured on first use, read back afterwards."""
+    path = cache_root() / file
+    key = f"{cpu_name()}|{key}"
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in known:
+        known[key] = measure()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(known, indent=1) + "\n")
+    return known[key]

@@ -3,6 +3,7 @@ weights, each position's logits independent of the positions computed with it (b
 int4), and lossless speculative decoding on quantized weights."""
 
 import glob
+import json
 
 import pytest
 import torch
@@ -13,7 +14,9 @@ from dyncomplete import methods
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods.baseline import Baseline
 from dyncomplete.models import LayeredModel, load
+from dyncomplete.models.attention import SHORT_QUERY
 from dyncomplete.models.fast import Linear, quantize_int4, quantize_int8
+from dyncomplete.models.verify_cost import measure_verify_cost
 
 
 def long_ids(model, n=1200):
@@ -107,14 +110,16 @@ def test_quantized_kernels_give_a_row_the_same_result_at_any_row_count(quant, sh
     g = torch.Generator().manual_seed(shape[0])
     weight = (torch.randn(shape, generator=g) * 0.05).bfloat16()
     lin = Linear(weight, None, quant)
-    x = torch.randn(17, shape[1], generator=g).bfloat16()
-    alone = [lin(x[r : r + 1])[0] for r in range(17)]
-    for m in (2, 3, 5, 8, 11, 17):
+    x = torch.randn(SHORT_QUERY + 1, shape[1], generator=g).bfloat16()
+    alone = [lin(x[r : r + 1])[0] for r in range(SHORT_QUERY)]
+    for m in (2, 3, 5, 8, 11, SHORT_QUERY):
         together = lin(x[:m])
         assert all(torch.equal(together[r], alone[r]) for r in range(m)), m
-    # and the kernel multiplies by the weight `dequantized` describes
+    # the kernel multiplies by the weight `dequantized` describes
     ref = x.float() @ lin.dequantized().float().t()
-    torch.testing.assert_close(lin(x).float(), ref, atol=0.05, rtol=0.02)
+    torch.testing.assert_close(lin(x[:SHORT_QUERY]).float(), ref[:SHORT_QUERY], atol=0.05, rtol=0.02)
+    # longer passes (prompts) take the plain weight (the engine stores the dequantized one there)
+    assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight))
 
 
 def test_quantization_error_is_small():
@@ -173,3 +178,16 @@ def test_lookup_is_identical_to_baseline_on_int8_weights():
 def test_quantization_needs_the_fast_engine():
     with pytest.raises(ValueError, match="fast engine"):
         LayeredModel(tiny_model("gpt2"), quant="int8")
+
+
+def test_an_extra_verified_position_costs_more_on_quantized_weights(quantized, smollm_bf16):
+    # the weight-only kernels are compute-bound on several rows; bfloat16 products are not
+    assert measure_verify_cost(quantized) > 2 * measure_verify_cost(smollm_bf16)
+
+
+def test_lookup_drafts_with_the_verify_cost_measured_for_its_model(smollm_bf16, tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNCOMPLETE_CACHE", str(tmp_path))
+    method = methods.make_method("lookup", smollm_bf16)
+    cached = json.loads((tmp_path / "verify_cost.json").read_text())
+    assert list(cached.values()) == [method.proposer.verify_cost]
+    assert "smollm2-135m|fast|none|bfloat16" in next(iter(cached))

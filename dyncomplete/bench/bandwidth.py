@@ -5,27 +5,14 @@ machine's bandwidth a method reaches says how much is left to gain."""
 
 from __future__ import annotations
 
-import json
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from ..paths import cache_root
+from ..paths import machine_measurement
 
 COPY_MB = 256
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def weight_bytes(model) -> int:
@@ -58,11 +45,5 @@ def measure_copy_bandwidth(megabytes: int = COPY_MB, repeats: int = 10) -> float
 
 def machine_bandwidth() -> float:
     """This machine's copy bandwidth (GB/s) at the current thread count, measured once and cached."""
-    path = cache_root() / "bandwidth.json"
-    key = f"{cpu_name()}|{torch.get_num_threads()} threads"
-    known = json.loads(path.read_text()) if path.is_file() else {}
-    if key not in known:
-        known[key] = round(measure_copy_bandwidth(), 2)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(known, indent=1) + "\n")
-    return known[key]
+    return machine_measurement("bandwidth.json", f"{torch.get_num_threads()} threads",
+                               lambda: round(measure_copy_bandwidth(), 2))

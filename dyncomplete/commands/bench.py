@@ -33,9 +33,10 @@ def method_list(methods: str, sweeps: list[str]) -> tuple[list[str], dict[str, l
 def run(args) -> int:
     import torch
 
-    from ..bench.bandwidth import cpu_name, machine_bandwidth
-    from ..data.datasets import load_dataset
+    from ..bench.bandwidth import machine_bandwidth
     from ..bench.plots import plot_sweeps, plot_tradeoff
+    from ..data.datasets import load_dataset
+    from ..paths import cpu_name
     from ..bench.report import render
     from ..bench.runner import run_bench
     from ..bench.summary import summarize

@@ -21,6 +21,7 @@ from ..engine import DecodingMethod
 from ..engine.sampling import choose_token
 from ..exits.heads import load_heads
 from ..models import load
+from ..models.verify_cost import verify_cost
 from .draft_control import ConfidenceStop, EntropyStop, ExitLayerController, expected_tokens
 from .proposers import (DraftModelProposer, LookupProposer, LookupThenSelf, Proposer, SelfDraftProposer,
                         self_draft_costs)
@@ -90,7 +91,8 @@ def _self_draft(model, args: tuple[str, ...], threshold: float | None) -> SelfDr
         stop = EntropyStop(threshold or DEFAULT_ENTROPY) if body == "entropy" else ConfidenceStop(
             DEFAULT_CONFIDENCE if threshold is None else threshold)
         candidates = [e for e in heads.layers if e >= model.num_layers // 3]
-        costs = {e: c for e, c in self_draft_costs(model, heads, DEFAULT_SHORTLIST).items() if e in candidates}
+        costs = self_draft_costs(model, heads, DEFAULT_SHORTLIST, verify_cost(model))
+        costs = {e: c for e, c in costs.items() if e in candidates}
         controller = ExitLayerController(costs, DEFAULT_DYNAMIC_MAX, priors=measured_agreement(heads))
         return SelfDraftProposer(heads, stop=stop, controller=controller, shortlist=DEFAULT_SHORTLIST)
     if threshold is not None:
@@ -112,7 +114,7 @@ def default_exit_layer(model, heads) -> int:
     """The exit layer with the best expected tokens per unit of work for a draft of
     DEFAULT_SELF_DRAFT tokens, by the heads' measured agreement; else the one nearest 3/4 depth."""
     agreement = measured_agreement(heads)
-    costs = self_draft_costs(model, heads, DEFAULT_SHORTLIST)
+    costs = self_draft_costs(model, heads, DEFAULT_SHORTLIST, verify_cost(model))
     scored = [e for e in heads.layers if e in agreement]
     if not scored:
         return min(heads.layers, key=lambda e: abs(e - 0.75 * model.num_layers))
@@ -122,11 +124,12 @@ def default_exit_layer(model, heads) -> int:
 
 def build(name, model) -> SpeculativeDecoding:
     if name.family == "lookup":
-        return SpeculativeDecoding(LookupProposer(*_ints(name.args, "MAX_DRAFT")))
+        return SpeculativeDecoding(LookupProposer(*_ints(name.args, "MAX_DRAFT"), verify_cost=verify_cost(model)))
     if name.family == "self-spec":
         return SpeculativeDecoding(_self_draft(model, name.args, name.threshold))
     if name.family == "lookup+self":
-        return SpeculativeDecoding(LookupThenSelf(LookupProposer(), _self_draft(model, name.args, None)))
+        return SpeculativeDecoding(LookupThenSelf(LookupProposer(verify_cost=verify_cost(model)),
+                                                  _self_draft(model, name.args, None)))
     alias = name.arg(0)
     if not alias:
         raise ValueError("draft-model needs a model: draft-model:ALIAS[/K]")
