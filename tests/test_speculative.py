@@ -86,7 +86,7 @@ def test_cache_matches_plain_decoding_and_no_layer_runs_twice(smollm, prompts, m
     n = len(ids) + len(want.token_ids) - 1
     assert len(set(cache.lengths)) == 1 and cache.lengths[0] >= n
     for layer in (0, 19, 20, 29):
-        assert torch.allclose(cache.keys[layer][..., :n, :], plain.keys[layer][..., :n, :], atol=1e-4)
+        assert torch.allclose(cache.layer_keys(layer)[..., :n, :], plain.layer_keys(layer)[..., :n, :], atol=1e-4)
 
 
 def markov_logits(table, first, tokens):

@@ -20,14 +20,15 @@ import torch
 BLOCK = 1024  # longest reduction the bfloat16 GEMM computes row-invariantly here
 
 
-def split_k_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b with the reduction (a's last, b's second-to-last dimension) cut into BLOCK pieces."""
+def split_k_matmul(a: torch.Tensor, b: torch.Tensor, product=torch.matmul) -> torch.Tensor:
+    """a @ b with the reduction (a's last, b's second-to-last dimension) cut into BLOCK pieces.
+    `product` may be `torch.bmm` for 3-D operands: it reads strided slices without copying them."""
     k = a.shape[-1]
     if k <= BLOCK:
-        return torch.matmul(a, b)
-    out = torch.matmul(a[..., :BLOCK], b[..., :BLOCK, :])
+        return product(a, b)
+    out = product(a[..., :BLOCK], b[..., :BLOCK, :])
     for start in range(BLOCK, k, BLOCK):
-        out = out + torch.matmul(a[..., start : start + BLOCK], b[..., start : start + BLOCK, :])
+        out = out + product(a[..., start : start + BLOCK], b[..., start : start + BLOCK, :])
     return out
 
 

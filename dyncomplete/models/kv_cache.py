@@ -4,6 +4,12 @@ Early exit leaves deeper layers behind shallower ones, speculative decoding roll
 past rejected tokens, and the server keeps caches of earlier prompts: all three need per-layer
 lengths that can be moved, which Hugging Face's caches do not offer. The class is duck-typed to
 what the Hugging Face attention modules call (`update(keys, values, layer_idx, kwargs=...)`).
+
+Keys are stored transposed, (batch, heads, dim, capacity): attention multiplies the query by
+the first `length` columns, a plain strided matrix for the CPU's bfloat16 GEMM. Stored the
+usual way, that product reads keys transposed and strided at once, which takes a slow path
+(SmolLM2, 500 keys: 100 us against 45 us per layer; the same bits). `layer_keys` gives the
+usual (batch, heads, length, dim) view.
 """
 
 from __future__ import annotations
@@ -14,8 +20,8 @@ import torch
 class KVCache:
     def __init__(self, num_layers: int, capacity: int = 256):
         self.num_layers = num_layers
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.keys: list[torch.Tensor | None] = [None] * num_layers  # (batch, heads, dim, capacity)
+        self.values: list[torch.Tensor | None] = [None] * num_layers  # (batch, heads, capacity, dim)
         self.lengths = [0] * num_layers
         self._capacity = capacity
 
@@ -24,28 +30,37 @@ class KVCache:
         start = self.lengths[layer_idx]
         end = start + keys.shape[-2]
         buf_k = self.keys[layer_idx]
-        if buf_k is None or buf_k.shape[-2] < end or buf_k.dtype != keys.dtype:
+        if buf_k is None or buf_k.shape[-1] < end or buf_k.dtype != keys.dtype:
             self.grow(layer_idx, end, keys.shape[:-2] + values.shape[-1:], keys.dtype, keys.device,
                       key_dim=keys.shape[-1])
-        self.keys[layer_idx][..., start:end, :] = keys
+        self.keys[layer_idx][..., start:end] = keys.transpose(-1, -2)
         self.values[layer_idx][..., start:end, :] = values
         self.lengths[layer_idx] = end
-        return self.keys[layer_idx][..., :end, :], self.values[layer_idx][..., :end, :]
+        return self.layer_keys(layer_idx), self.values[layer_idx][..., :end, :]
 
-    def grow(self, layer_idx: int, end: int, shape: tuple, dtype: torch.dtype, device, key_dim: int | None = None):
+    def layer_keys(self, layer_idx: int) -> torch.Tensor:
+        """The layer's keys as (batch, heads, length, dim), a view."""
+        return self.keys[layer_idx][..., : self.lengths[layer_idx]].transpose(-1, -2)
+
+    def capacity(self, layer_idx: int) -> int:
+        buf = self.keys[layer_idx]
+        return 0 if buf is None else buf.shape[-1]
+
+    def grow(self, layer_idx: int, end: int, shape: tuple, dtype: torch.dtype, device, key_dim: int | None = None,
+             exact: bool = False):
         """Give a layer buffers for at least `end` positions, keeping its first `lengths[layer]`.
         `shape` = (batch, heads, value dim); keys have `key_dim` (default the value dim). The
         first buffer reserves `capacity` positions beyond `end`, later ones double, so a decode
-        loop allocates rarely."""
+        loop allocates rarely; `exact` gives exactly `end` positions. New positions hold zeros."""
         buf_k = self.keys[layer_idx]
         start = self.lengths[layer_idx]
-        old = buf_k.shape[-2] if buf_k is not None else 0
-        capacity = max(end + self._capacity if buf_k is None else end, 2 * old)
+        old = self.capacity(layer_idx)
+        capacity = end if exact else max(end + self._capacity if buf_k is None else end, 2 * old)
         *lead, dim = shape
-        new_k = torch.empty(*lead, capacity, key_dim or dim, dtype=dtype, device=device)
-        new_v = torch.empty(*lead, capacity, dim, dtype=dtype, device=device)
+        new_k = torch.zeros(*lead, key_dim or dim, capacity, dtype=dtype, device=device)
+        new_v = torch.zeros(*lead, capacity, dim, dtype=dtype, device=device)
         if buf_k is not None and start:
-            new_k[..., :start, :] = buf_k[..., :start, :]
+            new_k[..., :start] = buf_k[..., :start]
             new_v[..., :start, :] = self.values[layer_idx][..., :start, :]
         self.keys[layer_idx], self.values[layer_idx] = new_k, new_v
 
@@ -64,7 +79,7 @@ class KVCache:
         for i, n in enumerate(self.lengths):
             n = n if length is None else min(n, length)
             if self.keys[i] is not None and n:
-                other.keys[i] = self.keys[i][..., :n, :].clone()
+                other.keys[i] = self.keys[i][..., :n].clone()
                 other.values[i] = self.values[i][..., :n, :].clone()
             other.lengths[i] = n
         return other

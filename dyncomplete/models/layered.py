@@ -154,10 +154,11 @@ class LayeredModel:
         layer_type = self.layer_types[i]
         past = cache.lengths[i] if cache is not None else 0
         window = self.sliding_window if layer_type == "sliding_attention" else None
-        mask = self._mask(ctx, past + hidden.shape[1], window)
         fast = self._fast()
         if fast is not None:
-            return fast.run_layer(i, hidden, ctx, cache, mask)
+            kv_len = fast.attended_length(past + hidden.shape[1], hidden.shape[1]) if cache is not None else hidden.shape[1]
+            return fast.run_layer(i, hidden, ctx, cache, self._mask(ctx, kv_len, window))
+        mask = self._mask(ctx, past + hidden.shape[1], window)
         kwargs = {"attention_mask": mask, "cache": cache}
         if self.kind in ("gpt2",):
             out = self.layers[i](hidden, **kwargs)
