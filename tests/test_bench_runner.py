@@ -134,6 +134,19 @@ def test_bench_end_to_end_identical_greedy_and_resume(tmp_path, capsys):
     assert "holds a run with dtype 'float32'" in capsys.readouterr().err
 
 
+def test_a_run_refuses_results_of_another_weight_format(tmp_path):
+    from dyncomplete.bench.runner import check_run
+
+    config = {"model": "m", "dataset": "line-py", "dtype": "bfloat16", "quant": "int4"}
+    check_run(tmp_path, config)
+    check_run(tmp_path, config)  # the same format resumes
+    with pytest.raises(ValueError, match="holds a run with quant 'int4', not 'none'"):
+        check_run(tmp_path, {**config, "quant": "none"})
+    (tmp_path / "run.json").write_text(json.dumps({k: v for k, v in config.items() if k != "quant"}))
+    with pytest.raises(ValueError, match="quant 'none', not 'int4'"):  # runs from before the field: none
+        check_run(tmp_path, config)
+
+
 def test_hf_prompt_lookup_counts_drafts_and_matches_baseline(smollm):
     from dyncomplete.engine import GenerationParams
     from dyncomplete.methods import make_method

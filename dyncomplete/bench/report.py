@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 
+WEIGHTS = {"int8": "int8 (weight-only)", "int4": "int4 (weight-only, groups of 32)"}
+
+
 def _fmt(value, digits: int = 1, suffix: str = "") -> str:
     if value is None:
         return "-"
@@ -20,7 +23,8 @@ def render(summary: dict, plots: list[str]) -> str:
     lines = [
         f"# {summary['model']} on {summary['dataset']}",
         "",
-        f"n = {summary['n']} examples, {summary['date']}, dtype {summary['dtype']}, device {summary['device']} "
+        f"n = {summary['n']} examples, {summary['date']}, dtype {summary['dtype']}, weights "
+        f"{WEIGHTS.get(summary.get('quant', 'none'), summary['dtype'])}, device {summary['device']} "
         f"({summary['cpu']}, {summary['threads']} threads).",
         f"Energy: {summary['energy_source']} ({summary['energy_formula']}).",
         "EM, ES, pass@1 in %; ROUGE-L 0-1; ms/token = decode time per new token; speedup = baseline "

@@ -43,13 +43,13 @@ def read_results(out: Path) -> list[dict]:
 
 
 def check_run(out: Path, config: dict) -> None:
-    """Refuse to mix the results of a different model, dataset or dtype into one folder."""
+    """Refuse to mix the results of a different model, dataset, dtype or weight format into one folder."""
     path = out / RUN_FILE
     if path.is_file():
-        before = json.loads(path.read_text())
-        for key in ("model", "dataset", "dtype"):
-            if before.get(key) != config[key]:
-                raise ValueError(f"{out} holds a run with {key} {before.get(key)!r}, not {config[key]!r}: "
+        before = {"quant": "none", **json.loads(path.read_text())}
+        for key in ("model", "dataset", "dtype", "quant"):
+            if before.get(key) != config.get(key, "none"):
+                raise ValueError(f"{out} holds a run with {key} {before.get(key)!r}, not {config.get(key, 'none')!r}: "
                                  "use another --out")
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config, indent=2))

@@ -48,8 +48,8 @@ def run(args) -> int:
     meter = open_meter(args.device)
     out = Path(args.out)
     dtype = str(model.dtype).removeprefix("torch.")
-    config = {"model": model.name, "dataset": dataset.name, "dtype": dtype, "device": args.device,
-              "context_budget": args.context_budget}
+    config = {"model": model.name, "dataset": dataset.name, "dtype": dtype, "quant": model.quant,
+              "device": args.device, "context_budget": args.context_budget}
     records = run_bench(model, dataset, names, out, meter, config, args.context_budget, progress=not args.no_progress)
     header = {**config, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
               "threads": torch.get_num_threads(), "memory_bandwidth_gbs": machine_bandwidth(),
