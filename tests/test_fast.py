@@ -161,9 +161,8 @@ def test_quantized_model_agrees_with_bfloat16_on_most_greedy_tokens(quantized, s
     assert agree / total > (0.95 if quantized.quant == "int8" else 0.8), agree / total
 
 
-@pytest.mark.model
-def test_lookup_is_identical_to_baseline_on_int8_weights():
-    model = load("smollm2-135m", dtype="bfloat16", quant="int8", progress=lambda m: None)
+def test_lookup_is_identical_to_baseline_on_quantized_weights(quantized):
+    model = quantized
     params = GenerationParams(max_new_tokens=16)
     drafted = 0
     for text in stdlib_prompts(12):
@@ -191,3 +190,13 @@ def test_lookup_drafts_with_the_verify_cost_measured_for_its_model(smollm_bf16, 
     cached = json.loads((tmp_path / "verify_cost.json").read_text())
     assert list(cached.values()) == [method.proposer.verify_cost]
     assert "smollm2-135m|fast|none|bfloat16" in next(iter(cached))
+
+
+def test_auto_weights_are_int4_only_for_the_fast_engine_in_bfloat16_on_the_cpu():
+    from dyncomplete.models.fast import default_quant
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert default_quant("fast", cpu, torch.bfloat16) == "int4"
+    assert default_quant("fast", cpu, torch.float32) == "none"
+    assert default_quant("hf", cpu, torch.bfloat16) == "none"
+    assert default_quant("fast", cuda, torch.bfloat16) == "none"

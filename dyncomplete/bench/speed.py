@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--engine", default="auto", choices=["auto", "fast", "hf"])
-    p.add_argument("--quant", default="none", choices=["none", "int8", "int4"])
+    p.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--prompt-tokens", type=int, default=480)

@@ -54,6 +54,13 @@ TABLE_CHUNK = 256  # positions per chunk when building rotary tables (see `Rotar
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose frequencies never change
 
 
+def default_quant(engine: str, device: torch.device, dtype: torch.dtype) -> str:
+    """What `quant="auto"` means: int4 where this engine runs on a CPU in bfloat16 (measured on the
+    benchmarks: the fastest format and within 0.3 ES of bfloat16 weights on line-py; README,
+    "Speed against llama.cpp"), otherwise the model's own weights."""
+    return "int4" if engine == "fast" and device.type == "cpu" and dtype == torch.bfloat16 else "none"
+
+
 def supports(model) -> bool:
     """Whether the fast engine can run this `LayeredModel` (llama or qwen2 with a static RoPE)."""
     if model.kind not in FAST_KINDS:

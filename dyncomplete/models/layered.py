@@ -77,6 +77,8 @@ class LayeredModel:
             raise ValueError(f"unknown engine {engine!r}: use {', '.join(ENGINES)}")
         if engine == "auto":
             engine = "fast" if fast_engine.supports(self) else "hf"
+        if quant == "auto":
+            quant = fast_engine.default_quant(engine, self.device, self.dtype)
         if quant != "none" and engine != "fast":
             raise ValueError(f"quantized weights (--quant {quant}) need the fast engine: llama or qwen2, not {kind}")
         self.engine = engine

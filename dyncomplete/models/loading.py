@@ -165,8 +165,8 @@ def resolve(name: str, progress=print) -> tuple[str, str | None]:
 
 def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, quant: str = "none",
          engine: str = "auto") -> LayeredModel:
-    """Load any supported model as a `LayeredModel` with its tokenizer. `quant` (none, int8, int4)
-    quantizes every linear layer and the LM head at load (weight-only, PyTorch's CPU kernels; a
+    """Load any supported model as a `LayeredModel` with its tokenizer. `quant` (none, int8, int4;
+    auto: `fast.default_quant`) quantizes every linear layer and the LM head at load (weight-only, PyTorch's CPU kernels; a
     fraction of a second for SmolLM2); `engine` picks fast (llama, qwen2) or hf (see layered.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
