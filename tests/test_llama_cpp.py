@@ -112,3 +112,12 @@ def test_missing_extra_and_models_without_gguf_are_one_line_errors(smollm, monke
         make_method("llama-cpp:beam", smollm)
     with pytest.raises(ValueError, match="registered alias or a .gguf model"):
         gguf_path_of(SimpleNamespace(name="/tmp/some-hf-dir"))
+
+
+def test_bandwidth_counts_the_gguf_tensors_llama_cpp_reads(greedy):
+    from gguf import GGUFReader
+
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(greedy.gguf).tensors}
+    assert "output.weight" not in tensors  # SmolLM2's head is its token embedding: all of it is read
+    assert greedy.weight_bytes() == sum(tensors.values())
+    assert 90e6 < greedy.weight_bytes() < greedy.gguf.stat().st_size  # Q4_1/Q8_0 weights, no metadata

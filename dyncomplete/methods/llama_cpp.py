@@ -161,6 +161,18 @@ class LlamaCpp(DecodingMethod):
         self.llm, self.n_ctx, self.threads = llm, n_ctx, threads
         return llm
 
+    def weight_bytes(self) -> int:
+        """Bytes of weights one llama.cpp decode step reads, in the GGUF's own formats: every
+        tensor of the file, but one row of the token embeddings where the file has a separate
+        output matrix (the bench's bandwidth column)."""
+        from gguf import GGUFReader
+
+        tensors = {t.name: (int(t.n_bytes), int(t.shape[-1])) for t in GGUFReader(self.gguf).tensors}
+        if "output.weight" in tensors and "token_embd.weight" in tensors:
+            size, rows = tensors.pop("token_embd.weight")
+            return sum(n for n, _ in tensors.values()) + size // rows
+        return sum(n for n, _ in tensors.values())
+
     @staticmethod
     def _sampling(params) -> dict:
         neutral = dict(repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
