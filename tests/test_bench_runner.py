@@ -147,6 +147,15 @@ def test_a_run_refuses_results_of_another_weight_format(tmp_path):
         check_run(tmp_path, config)
 
 
+def test_a_run_refuses_results_with_the_other_repository_context_setting(tmp_path):
+    from dyncomplete.bench.runner import check_run
+
+    config = {"model": "m", "dataset": "x.jsonl", "dtype": "bfloat16", "quant": "int4", "repo_context": "off"}
+    check_run(tmp_path, config)
+    with pytest.raises(ValueError, match="holds a run with repo_context 'off', not 'on'"):
+        check_run(tmp_path, {**config, "repo_context": "on"})
+
+
 def test_hf_prompt_lookup_counts_drafts_and_matches_baseline(smollm):
     from dyncomplete.engine import GenerationParams
     from dyncomplete.methods import make_method

@@ -14,6 +14,13 @@ def _fmt(value, digits: int = 1, suffix: str = "") -> str:
     return f"{value}{suffix}"
 
 
+def _context_note(summary: dict) -> str:
+    if summary.get("repo_context") == "off":
+        return ", repository context off"
+    chunks = max((m.get("context_chunks_per_prompt") or 0 for m in summary["methods"].values()), default=0)
+    return f", repository context: {chunks:.1f} chunks per prompt" if chunks else ""
+
+
 def render(summary: dict, plots: list[str]) -> str:
     methods = summary["methods"]
     has_pass = any("pass_at_1" in m for m in methods.values())
@@ -25,7 +32,8 @@ def render(summary: dict, plots: list[str]) -> str:
         "",
         f"n = {summary['n']} examples, {summary['date']}, dtype {summary['dtype']}, weights "
         f"{WEIGHTS.get(summary.get('quant', 'none'), summary['dtype'])}, device {summary['device']} "
-        f"({summary['cpu']}, {summary['threads']} threads).",
+        f"({summary['cpu']}, {summary['threads']} threads), prompts of at most {summary.get('context_budget')} tokens"
+        f"{_context_note(summary)}.",
         f"Energy: {summary['energy_source']} ({summary['energy_formula']}).",
         "EM, ES, pass@1 in %; ROUGE-L 0-1; ms/token = decode time per new token; speedup = baseline "
         "decode time / method decode time (e2e: prefill included), on the same examples; bandwidth = "

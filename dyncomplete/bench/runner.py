@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..data.datasets import Dataset, program
 from ..engine import Stats, build_prompt
+from ..engine.repo_context import RepoContext
 from ..methods import make_method
 from .bandwidth import weight_bytes
 from .execution import run_program
@@ -42,15 +43,19 @@ def read_results(out: Path) -> list[dict]:
     return records
 
 
+RUN_DEFAULTS = {"quant": "none", "repo_context": "on"}  # keys older run.json files lack
+
+
 def check_run(out: Path, config: dict) -> None:
-    """Refuse to mix the results of a different model, dataset, dtype or weight format into one folder."""
+    """Refuse to mix the results of a different model, dataset, dtype, weight format or
+    repository-context setting into one folder (runs from before a key existed had its default)."""
     path = out / RUN_FILE
     if path.is_file():
-        before = {"quant": "none", **json.loads(path.read_text())}
-        for key in ("model", "dataset", "dtype", "quant"):
-            if before.get(key) != config.get(key, "none"):
-                raise ValueError(f"{out} holds a run with {key} {before.get(key)!r}, not {config.get(key, 'none')!r}: "
-                                 "use another --out")
+        before = {**RUN_DEFAULTS, **json.loads(path.read_text())}
+        for key in ("model", "dataset", "dtype", "quant", "repo_context"):
+            now = config.get(key, RUN_DEFAULTS.get(key))
+            if before.get(key) != now:
+                raise ValueError(f"{out} holds a run with {key} {before.get(key)!r}, not {now!r}: use another --out")
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config, indent=2))
 
@@ -83,11 +88,12 @@ def record_of(example, name, completion, prompt, measurement, model, has_tests, 
         "energy_formula": measurement.formula,
         "fim": prompt.fim,
         "prompt_truncated": prompt.truncated,
+        "context_chunks": prompt.context_chunks,
     }
 
 
 def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter, config: dict,
-              context_budget: int = 1024, progress: bool = True) -> list[dict]:
+              context_budget: int = 1024, progress: bool = True, repo_context: bool = True) -> list[dict]:
     """Run what examples.jsonl lacks; return every result of these methods on these examples."""
     out = Path(out)
     check_run(out, config)
@@ -98,13 +104,13 @@ def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter
                   for name, m in methods.items()}
     pending = [(ex, name) for ex in dataset.examples for name in method_names if (str(ex["id"]), name) not in done]
     if pending:
-        _warm_up(model, methods, dataset, context_budget)
+        _warm_up(model, methods, dataset, context_budget, repo_context)
     with open(out / EXAMPLES, "a", encoding="utf-8") as sink, _progress(len(pending), progress) as bar:
         last = None
         for example, name in pending:
             key = str(example["id"])
             if key != last:  # pending is ordered by example: one prompt per example
-                prompt = build_prompt(model.tokenizer, example["input"], example.get("suffix"), context_budget)
+                prompt = prompt_of(model, example, context_budget, repo_context)
                 last = key
             with meter.measure() as m:
                 completion = methods[name].generate(model, prompt.ids, dataset.params)
@@ -116,9 +122,18 @@ def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter
     return [r for r in read_results(out) if r["id"] in ids and r["method"] in methods]
 
 
-def _warm_up(model, methods, dataset, context_budget) -> None:
+def prompt_of(model, example: dict, context_budget: int, repo_context: bool):
+    """The example's prompt; with its repository context (`extra`) when it has one and
+    `repo_context` is on."""
+    context = None
+    if repo_context and example.get("extra"):
+        context = RepoContext.from_records(example["extra"], example.get("path", ""), example.get("repo", ""))
+    return build_prompt(model.tokenizer, example["input"], example.get("suffix"), context_budget, context)
+
+
+def _warm_up(model, methods, dataset, context_budget, repo_context) -> None:
     example = dataset.examples[0]
-    prompt = build_prompt(model.tokenizer, example["input"], example.get("suffix"), context_budget)
+    prompt = prompt_of(model, example, context_budget, repo_context)
     params = dataclasses.replace(dataset.params, max_new_tokens=min(WARMUP_TOKENS, dataset.params.max_new_tokens))
     for method in methods.values():
         method.generate(model, prompt.ids, params)

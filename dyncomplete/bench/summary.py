@@ -39,6 +39,7 @@ def summarize_method(rows: list[dict], baseline: dict[str, dict]) -> dict:
         entry["pass_at_1"] = 100.0 * _mean(r["metrics"]["passed"] for r in rows)
     entry.update({
         "prompt_tokens": total("prompt_tokens"),
+        "context_chunks_per_prompt": _mean(r.get("context_chunks", 0) for r in rows),
         "new_tokens": new_tokens,
         "prefill_s": total("prefill_s"),
         "decode_s": decode_s,

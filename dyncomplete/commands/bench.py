@@ -49,8 +49,9 @@ def run(args) -> int:
     out = Path(args.out)
     dtype = str(model.dtype).removeprefix("torch.")
     config = {"model": model.name, "dataset": dataset.name, "dtype": dtype, "quant": model.quant,
-              "device": args.device, "context_budget": args.context_budget}
-    records = run_bench(model, dataset, names, out, meter, config, args.context_budget, progress=not args.no_progress)
+              "device": args.device, "context_budget": args.context_budget, "repo_context": args.repo_context}
+    records = run_bench(model, dataset, names, out, meter, config, args.context_budget, progress=not args.no_progress,
+                        repo_context=args.repo_context == "on")
     header = {**config, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
               "threads": torch.get_num_threads(), "memory_bandwidth_gbs": machine_bandwidth(),
               "energy_source": meter.source, "energy_formula": meter.formula,
@@ -80,6 +81,9 @@ def register(sub) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N examples (line-py, line-java: default 200)")
     p.add_argument("--out", required=True, help="folder for the results; an existing run there is resumed")
     p.add_argument("--context-budget", type=int, default=1024, help="prompt tokens kept")
+    p.add_argument("--repo-context", default="on", choices=["on", "off"],
+                   help="put an example's repository context (its 'extra' chunks, e.g. from `data cross-file`) "
+                        "before its prompt")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)

@@ -1,4 +1,4 @@
-"""`dyncomplete data`: build line-completion datasets and show the file-level splits."""
+"""`dyncomplete data`: build line-completion and cross-file datasets; show the file-level splits."""
 
 from __future__ import annotations
 
@@ -17,6 +17,18 @@ def line_completion(args) -> int:
     write_jsonl(Path(args.out), examples)
     print(f"dyncomplete: {len(examples)} {args.lang} examples ({split} split of "
           f"{args.source or 'the standard library'}) -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def cross_file(args) -> int:
+    from ..data.crossfile import build_cross_file
+    from ..data.datasets import write_jsonl
+
+    examples = build_cross_file(Path(args.repo), args.n, args.seed, args.max_input_chars)
+    write_jsonl(Path(args.out), examples)
+    chunks = sum(len(e["extra"]) for e in examples) / len(examples)
+    print(f"dyncomplete: {len(examples)} cross-file examples from {args.repo}, {chunks:.1f} context chunks "
+          f"each -> {args.out}", file=sys.stderr)
     return 0
 
 
@@ -50,6 +62,14 @@ def register(sub) -> None:
     lc.add_argument("--suffix-chars", type=int, default=0, help="also store N characters after the line as suffix")
     lc.add_argument("--out", required=True, help="JSON-lines file to write")
     lc.set_defaults(run=line_completion)
+    cf = actions.add_parser("cross-file", help="cut lines that use a name from another file of a package, "
+                                                "with the repository context an editor would send")
+    cf.add_argument("--repo", required=True, help="a multi-file Python package (e.g. one under site-packages)")
+    cf.add_argument("--n", type=int, default=200, help="number of examples")
+    cf.add_argument("--seed", type=int, default=0)
+    cf.add_argument("--max-input-chars", type=int, default=2500, help="keep the last N characters before the cursor")
+    cf.add_argument("--out", required=True, help="JSON-lines file to write")
+    cf.set_defaults(run=cross_file)
     sp = actions.add_parser("splits", help="how many files each split holds (or --list one split's files)")
     sp.add_argument("--source", help="folder of source files (default: the standard library)")
     sp.add_argument("--lang", default="python", choices=sorted(EXTENSIONS))

@@ -48,18 +48,22 @@ def candidate_lines(text: str, lang: str) -> list[int]:
     return keep
 
 
+def tail_from_line_start(before: str, max_chars: int) -> str:
+    """The last `max_chars` characters of `before`, from the first line start among them."""
+    if len(before) <= max_chars:
+        return before
+    window = before[-max_chars:]
+    newline = window.find("\n")
+    return window[newline + 1 :] if 0 <= newline < len(window) - 1 else window
+
+
 def cut_line(text: str, line_no: int, rng: random.Random, max_input_chars: int, suffix_chars: int) -> dict:
     lines = text.split("\n")
     line = lines[line_no].rstrip()
     ends = [m.end() for m in CODE_TOKEN.finditer(line)][:-1]  # cursor after a token, one more follows
     cut = rng.choice(ends)
     start = sum(len(l) + 1 for l in lines[:line_no])
-    before = text[:start] + line[:cut]
-    if len(before) > max_input_chars:
-        window = before[-max_input_chars:]
-        newline = window.find("\n")
-        before = window[newline + 1 :] if 0 <= newline < len(window) - 1 else window
-    record = {"input": before, "gt": line[cut:]}
+    record = {"input": tail_from_line_start(text[:start] + line[:cut], max_input_chars), "gt": line[cut:]}
     if suffix_chars > 0:
         record["suffix"] = "\n" + "\n".join(lines[line_no + 1 :])[: suffix_chars - 1]
     return record

@@ -6,12 +6,16 @@ says so (SmolLM2 has no FIM tokens). The budget keeps the end of the prefix (clo
 cursor) and the start of the suffix; a prefix over it is first cut at a stable line start
 (`window.stable_prefix`), so that the CLI, the benchmark and the server send the model the same
 prompt for the same text, and a typing session's prompts share a prefix.
+
+Repository context (`repo_context.RepoContext`: chunks of other files) goes first, in at most
+half the budget; the current file gets what it leaves.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .repo_context import RepoContext, render
 from .window import stable_prefix
 
 DEFAULT_CONTEXT_BUDGET = 1024
@@ -30,6 +34,7 @@ class Prompt:
     fim: bool
     truncated: bool
     notice: str = ""
+    context_chunks: int = 0  # repository-context chunks that fit in the budget
 
 
 def fim_tokens(tokenizer) -> tuple[int, int, int] | None:
@@ -40,11 +45,20 @@ def fim_tokens(tokenizer) -> tuple[int, int, int] | None:
     return None
 
 
-def build_prompt(tokenizer, prefix: str, suffix: str | None = None, budget: int = DEFAULT_CONTEXT_BUDGET) -> Prompt:
+def build_prompt(tokenizer, prefix: str, suffix: str | None = None, budget: int = DEFAULT_CONTEXT_BUDGET,
+                 context: RepoContext | None = None) -> Prompt:
     if budget < 8:
         raise ValueError(f"context budget must be at least 8 tokens, got {budget}")
     if not prefix and not suffix:
         raise ValueError("empty prompt: give the code before the cursor")
+    head, kept = render(tokenizer, context, budget // 2) if context and context.chunks else ([], 0)
+    prompt = _file_prompt(tokenizer, prefix, suffix, budget - len(head))
+    prompt.ids = head + prompt.ids
+    prompt.context_chunks = kept
+    return prompt
+
+
+def _file_prompt(tokenizer, prefix: str, suffix: str | None, budget: int) -> Prompt:
     fim = fim_tokens(tokenizer) if suffix else None
     prefix, cut = stable_prefix(tokenizer, prefix, budget * 3 // 4 if fim else budget)
     pre = tokenizer(prefix, add_special_tokens=False).input_ids
