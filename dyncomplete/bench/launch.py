@@ -9,7 +9,9 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 
 import httpx
@@ -23,16 +25,23 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(model: str, *options: str, start_timeout_s: float = 180.0, env: dict | None = None):
-    """Yield (base URL, Popen) of a server started with `dyncomplete serve --model MODEL OPTIONS`."""
+    """Yield (base URL, Popen) of a server started with `dyncomplete serve --model MODEL OPTIONS`.
+    Its stderr is read all along (a full pipe would block the server's logging) and its end shown
+    if it exits early."""
     port = free_port()
     cmd = [sys.executable, "-m", "dyncomplete", "serve", "--model", model, "--port", str(port), *options]
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stderr=subprocess.PIPE, text=True,
+                            errors="replace")
+    tail: deque[str] = deque(maxlen=100)
+    reader = threading.Thread(target=lambda: tail.extend(proc.stderr), daemon=True)
+    reader.start()
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + start_timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
+                reader.join(timeout=5)
+                raise RuntimeError(f"server exited with {proc.returncode}: {''.join(tail)[-2000:]}")
             try:
                 if httpx.get(f"{url}/health", timeout=2).status_code in (200, 401):
                     break
