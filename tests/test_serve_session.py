@@ -3,6 +3,7 @@ prompt tokens only in the cache-on row, and identical completions with and witho
 
 import json
 import sysconfig
+from contextlib import contextmanager
 from pathlib import Path
 
 from conftest import SERVE_KEY
@@ -31,3 +32,29 @@ def test_bench_session_reports_both_rows(served, capsys):
     assert off["cached_prompt_share"] == 0 and on["cached_prompt_share"] > 0.3
     assert report["identical_completions"] == 1.0
     assert on["p50_ms"] > 0 and on["ttft_p50_ms"] <= on["p95_ms"] and 0 <= on["accepted"] <= 3
+
+
+def test_bench_session_allows_the_method_it_replays(served, capsys, monkeypatch):
+    """The server bench-session starts allows (and builds) just the method it replays; here the
+    test server stands in for it, which allows baseline and lookup."""
+    import dyncomplete.bench.launch as launch
+    import dyncomplete.bench.session as session
+
+    url, proc = served
+    started = []
+    replay = session.replay
+
+    @contextmanager
+    def fake_server(model, *options, **kwargs):
+        started.append(options)
+        yield url, proc
+
+    monkeypatch.setattr(launch, "running_server", fake_server)
+    monkeypatch.setattr(session, "replay", lambda *args, **kwargs: replay(*args[:5], SERVE_KEY, *args[6:], **kwargs))
+    source = Path(sysconfig.get_paths()["stdlib"]) / "colorsys.py"
+    argv = ["bench-session", "--model", "smollm2-135m", "--method", "lookup", "--source", str(source),
+            "--start", "0.02", "--lines", "1", "--max-tokens", "2", "--json"]
+    assert main(argv) == 0
+    (options,) = started
+    assert options[options.index("--methods") + 1] == "lookup" and options[options.index("--method") + 1] == "lookup"
+    assert json.loads(capsys.readouterr().out)["method"] == "lookup"

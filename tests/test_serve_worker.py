@@ -1,5 +1,6 @@
-"""The model worker without HTTP: a deadline stops a generation, a job cancelled while queued
-never reaches the model, and a bad method is refused without stopping the thread."""
+"""The model worker without HTTP: a deadline stops a generation (tokenising included), a job
+cancelled while queued never reaches the model, methods are built at start and a method outside
+them is refused without stopping the thread."""
 
 import threading
 import time
@@ -8,6 +9,7 @@ import pytest
 
 from dyncomplete.engine import GenerationParams
 from dyncomplete.serve.prefix_cache import PrefixCache
+from dyncomplete.serve.report import finish_reason
 from dyncomplete.serve.worker import Busy, Job, Worker
 
 
@@ -37,7 +39,7 @@ def job(prompt="def f(x):\n", n=64, method="baseline", deadline_s=300.0, client=
 
 @pytest.fixture(scope="module")
 def worker(smollm):
-    w = Worker(smollm, "baseline", queue_size=3, context_budget=256, prefix_cache=PrefixCache(2**26))
+    w = Worker(smollm, ["baseline"], queue_size=3, context_budget=256, prefix_cache=PrefixCache(2**26))
     w.start()
     yield w
     w.stop()
@@ -46,7 +48,47 @@ def worker(smollm):
 def test_deadline_stops_the_generation(worker):
     (kind, result), = run_jobs(worker, [job(deadline_s=0.5)])
     assert kind == "done" and result["stats"]["stopped_by"] == "timeout"
+    assert finish_reason("timeout") == "length"  # cut short by a limit, as OpenAI clients know it
     assert result["completion"].stats.new_tokens < 64
+
+
+class SlowTokenizer:
+    """The model's tokenizer, 0.3 s slower a call: tokenising that outlasts the deadline."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def __call__(self, *args, **kwargs):
+        time.sleep(0.3)
+        return self._tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+class SlowTokenizingModel:
+    def __init__(self, model):
+        self._model, self.tokenizer = model, SlowTokenizer(model.tokenizer)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def test_tokenising_counts_against_the_deadline(smollm):
+    w = Worker(SlowTokenizingModel(smollm), ["baseline"], queue_size=2, context_budget=256,
+               prefix_cache=PrefixCache(0))
+    w.start()
+    try:
+        (kind, error), = run_jobs(w, [job(deadline_s=0.2)])
+    finally:
+        w.stop()
+    assert kind == "error" and error.status == 503 and error.code == "timeout", (kind, error)
+    assert w.status()["skipped_timeout"] == 1
+
+
+def test_methods_are_built_at_start(smollm):
+    with pytest.raises(ValueError, match="cannot serve method 'baseline:3'"):
+        Worker(smollm, ["baseline", "baseline:3"], queue_size=1, context_budget=256, prefix_cache=PrefixCache(0))
 
 
 def test_cancelled_in_queue_and_bad_method(worker):
@@ -55,7 +97,7 @@ def test_cancelled_in_queue_and_bad_method(worker):
     results = run_jobs(worker, [first, queued, bad])
     assert results[0][0] == "done"
     assert results[1][0] == "error" and results[1][1].status == 409 and results[1][1].code == "superseded"
-    assert results[2][0] == "error" and results[2][1].status == 400 and "no argument" in results[2][1].message
+    assert results[2][0] == "error" and results[2][1].status == 400 and "not allowed" in results[2][1].message
     assert worker.status()["skipped_superseded"] == 1
 
 

@@ -8,25 +8,57 @@ import sys
 from ._common import add_model_options, load_from_args
 
 
-def run(args) -> int:
-    import uvicorn
+def read_api_key(args) -> str | None:
+    """--api-key-file (read once, stripped), else --api-key, else $DYNCOMPLETE_API_KEY."""
+    if args.api_key_file and args.api_key:
+        raise ValueError("give --api-key or --api-key-file, not both")
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key = f.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read --api-key-file {args.api_key_file}: {exc}") from None
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    if args.api_key:
+        print("dyncomplete: warning: --api-key is visible to every user in the process list; "
+              "prefer --api-key-file or DYNCOMPLETE_API_KEY", file=sys.stderr)
+    return args.api_key or os.environ.get("DYNCOMPLETE_API_KEY") or None
 
+
+def method_list(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    if text is None:
+        return default
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise ValueError("--methods needs at least one method name")
+    return names
+
+
+def run(args) -> int:
     from ..engine import MAX_NEW_TOKENS_LIMIT
-    from ..methods import make_method
+    from ..methods import parse_method
     from ..serve import Settings, create_app
+    from ..serve.http import Limits, is_loopback, run_server
 
     if args.max_tokens_limit > MAX_NEW_TOKENS_LIMIT:
         raise ValueError(f"--max-tokens-limit can be at most {MAX_NEW_TOKENS_LIMIT}")
-
-    api_key = args.api_key or os.environ.get("DYNCOMPLETE_API_KEY") or None
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+    methods = method_list(args.methods, Settings.methods)
+    for name in (args.method, *methods):  # the grammar now; building (files, models) after loading
+        parse_method(name)
+    api_key = read_api_key(args)
+    loopback = is_loopback(args.host)
+    if not loopback and not api_key:
         print(f"dyncomplete: warning: listening on {args.host} without an API key", file=sys.stderr)
-    settings = Settings(default_method=args.method, api_key=api_key, queue_size=args.queue_size,
-                        request_timeout_s=args.timeout, max_tokens_limit=args.max_tokens_limit,
-                        context_budget=args.context_budget, cache_bytes=int(args.cache_mb * 2**20))
+    settings = Settings(default_method=args.method, methods=methods, check_host=loopback,
+                        limits=Limits(max_connections=args.max_connections), api_key=api_key,
+                        queue_size=args.queue_size, request_timeout_s=args.timeout,
+                        max_tokens_limit=args.max_tokens_limit, context_budget=args.context_budget,
+                        cache_bytes=int(args.cache_mb * 2**20))
     model = load_from_args(args)
-    make_method(args.method, model)  # fail now, not at the first request, on a bad default method
-    uvicorn.run(create_app(model, settings), host=args.host, port=args.port, log_level=args.log_level)
+    app = create_app(model, settings)  # builds every allowed method: a bad one fails here, not at a request
+    run_server(app, args.host, args.port, args.log_level, settings.limits)
     return 0
 
 
@@ -43,15 +75,25 @@ def positive(kind):
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve completions over HTTP (OpenAI /v1/completions) with a web page")
     add_model_options(p)
-    p.add_argument("--method", default="baseline", help="default decoding method (a request may name another)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--method", default="baseline", help="default decoding method (always allowed)")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated methods a request may pick besides --method, all built at start "
+                        "(default: baseline,lookup, which load nothing)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: loopback only; on loopback only Host names of "
+                        "loopback are answered, elsewhere any)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set DYNCOMPLETE_API_KEY)")
+    p.add_argument("--api-key-file", default=None, help="require 'Authorization: Bearer KEY', KEY read from this file")
+    p.add_argument("--api-key", default=None,
+                   help="the key on the command line (visible in the process list; or set DYNCOMPLETE_API_KEY)")
     p.add_argument("--queue-size", type=positive(int), default=16, help="requests waiting beyond this get 503")
-    p.add_argument("--timeout", type=positive(float), default=60.0, help="seconds a request may take, queue included")
+    p.add_argument("--timeout", type=positive(float), default=60.0,
+                   help="seconds a request may take, queue and tokenising included")
     p.add_argument("--max-tokens-limit", type=positive(int), default=1024, help="largest max_tokens accepted")
     p.add_argument("--context-budget", type=positive(int), default=1024,
                    help="prompt tokens kept; a longer prefix is cut at a stable line start (see docs)")
     p.add_argument("--cache-mb", type=float, default=512, help="prefix-cache memory bound in MiB (0: off)")
+    p.add_argument("--max-connections", type=positive(int), default=256,
+                   help="open connections; more are answered 503 at once")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(run=run)

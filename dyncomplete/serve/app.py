@@ -4,11 +4,14 @@ Handlers only check input and talk to the `Worker`: every bad request is refused
 takes a queue slot, and the event loop never touches the model. Events from the worker thread
 reach a request through an asyncio queue; a client that goes away sets its job's cancel flag
 (streaming: the response generator is closed; otherwise `request.is_disconnected()` is polled).
+Every error, an unexpected one included, is an OpenAI-style JSON body; `http.py` holds the
+limits below the app (connections, request heads, Host).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import time
@@ -24,18 +27,24 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import DEFAULT_CONTEXT_BUDGET
 from ..methods import families
+from .http import Guard, Limits
 from .prefix_cache import PrefixCache
 from .report import finish_reason
-from .request import ApiError, decode_body, parse_completion
+from .request import ApiError, clip_prompt, decode_body, parse_completion
 from .worker import Busy, Job, Worker
 
 STATIC = Path(__file__).parent / "static"
 POLL_S = 0.1  # how often a waiting non-streaming request checks for a disconnect
+# Allowed besides the default method unless --methods says otherwise: built-ins that load nothing.
+DEFAULT_METHODS = ("baseline", "lookup")
 
 
 @dataclass
 class Settings:
     default_method: str = "baseline"
+    methods: tuple[str, ...] = DEFAULT_METHODS  # what a request may pick, besides default_method
+    check_host: bool = True  # answer only Host names of loopback (set when bound to loopback)
+    limits: Limits = Limits()
     api_key: str | None = None
     queue_size: int = 16
     request_timeout_s: float = 60.0
@@ -49,16 +58,40 @@ def error_response(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body as JSON (415 otherwise: a web page cannot send that type across sites without a
+    preflight, which gets no CORS headers here), at most `limit` bytes, within `timeout_s`."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise ApiError(415, f"Content-Type must be application/json, got {media_type[:60] or 'none'!r}",
+                       code="unsupported_media_type")
+    close = {"Connection": "close"}  # the rest of the body is not read: the connection cannot be reused
+    too_large = ApiError(413, f"request body over {limit} bytes", code="body_too_large", headers=close)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
+        raise too_large
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout",
+                       headers=close) from None
     return bytes(body)
+
+
+def client_scope(request: Request, client_id: str | None) -> str | None:
+    """A client id as the worker keys it: the id a client chose (X-Client-Id or `user`), scoped to
+    what the server can verify about the sender (its address, not X-Forwarded-For; a digest of the
+    key it presented), so that one client cannot supersede another's requests by sending its id."""
+    if not client_id:
+        return None
+    key = hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()[:16]
+    peer = request.client.host if request.client else ""
+    return f"{peer}|{key}|{client_id}"
 
 
 def completion_body(rid: str, created: int, model: str, text: str, finish: str | None, usage=None, stats=None):
@@ -78,8 +111,10 @@ def usage_of(result: dict) -> dict:
 
 
 def create_app(model, settings: Settings) -> FastAPI:
+    """Build every allowed method now (ValueError on a bad one) and the app around them."""
     prefix_cache = PrefixCache(settings.cache_bytes)
-    worker = Worker(model, settings.default_method, settings.queue_size, settings.context_budget, prefix_cache)
+    methods = list(dict.fromkeys((settings.default_method, *settings.methods)))
+    worker = Worker(model, methods, settings.queue_size, settings.context_budget, prefix_cache)
     known_families = families()
 
     def check_key(request: Request):
@@ -99,6 +134,7 @@ def create_app(model, settings: Settings) -> FastAPI:
     app = FastAPI(title="dyncomplete", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(check_key)])
     app.state.worker, app.state.prefix_cache = worker, prefix_cache
+    app.add_middleware(Guard, limits=settings.limits, check_host=settings.check_host)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.exception_handler(ApiError)
@@ -109,13 +145,19 @@ def create_app(model, settings: Settings) -> FastAPI:
     async def http_error(request, exc: StarletteHTTPException):
         return error_response(ApiError(exc.status_code, str(exc.detail), kind="invalid_request_error"))
 
+    @app.exception_handler(Exception)
+    async def unexpected(request, exc: Exception):
+        # the log has the traceback; the client gets no message that could hold a path
+        return error_response(ApiError(500, f"internal server error ({type(exc).__name__})", code="internal_error",
+                                       kind="server_error"))
+
     @app.get("/")
     async def page():
         return FileResponse(STATIC / "index.html")
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model.name, "method": settings.default_method,
+        return {"status": "ok", "model": model.name, "method": settings.default_method, "methods": methods,
                 "worker": worker.status(),
                 "prefix_cache": {"entries": len(prefix_cache), "bytes": prefix_cache.nbytes,
                                  "max_bytes": prefix_cache.max_bytes, **vars(prefix_cache.counters)}}
@@ -124,14 +166,15 @@ def create_app(model, settings: Settings) -> FastAPI:
     async def models():
         return {"object": "list", "data": [{
             "id": model.name, "object": "model", "created": 0, "owned_by": "dyncomplete",
-            "num_layers": model.num_layers, "default_method": settings.default_method,
+            "num_layers": model.num_layers, "default_method": settings.default_method, "methods": methods,
             "method_families": known_families}]}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        obj = decode_body(await read_body(request, settings.max_body_bytes))
-        req = parse_completion(obj, model.name, settings.default_method, settings.max_tokens_limit,
-                               request.headers.get("x-client-id"))
+        obj = decode_body(await read_body(request, settings.max_body_bytes, settings.limits.body_timeout_s))
+        req = parse_completion(obj, model.name, methods, settings.max_tokens_limit, request.headers.get("x-client-id"))
+        del obj  # the clipped text is all that is kept
+        prefix, suffix, clipped = clip_prompt(req.prefix, req.suffix, settings.context_budget)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
         def emit(event):
@@ -140,8 +183,9 @@ def create_app(model, settings: Settings) -> FastAPI:
             except RuntimeError:  # the event loop is gone (shutdown)
                 pass
 
-        job = Job(req.prefix, req.suffix, req.params, req.method, req.prefix_cache, req.client_id,
-                  time.perf_counter() + settings.request_timeout_s, emit)
+        job = Job(prefix, suffix, req.params, req.method, req.prefix_cache, client_scope(request, req.client_id),
+                  time.perf_counter() + settings.request_timeout_s, emit, clipped)
+        req.prefix = req.suffix = None
         try:
             worker.submit(job)
         except Busy:

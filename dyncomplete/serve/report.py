@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from ..engine import Completion
 
-FINISH_REASONS = {"max_tokens": "length", "timeout": "length", "eos": "stop", "newline": "stop", "stop": "stop",
-                  "stop_rule": "stop"}
+# Only the values OpenAI's clients know ("stop", "length"; the SDK types list no other for a text
+# completion). "stop": the completion ended where the model or the request said it should.
+# "length": it was cut short by a limit, as OpenAI and vLLM report max_tokens and the context length;
+# here also the deadline (--timeout), a newer request of the same client, a disconnect or a shutdown.
+# `dyncomplete.stopped_by` tells them apart.
+STOPPED = {"eos", "newline", "stop", "stop_rule"}
 
 
 def token_pieces(tokenizer, ids: list[int], text: str, healed: str = "") -> list[str]:
@@ -28,7 +32,7 @@ def token_pieces(tokenizer, ids: list[int], text: str, healed: str = "") -> list
 
 
 def finish_reason(stopped_by: str) -> str:
-    return FINISH_REASONS.get(stopped_by, "cancelled")
+    return "stop" if stopped_by in STOPPED else "length"
 
 
 def stats_object(model, completion: Completion, energy, extra: dict) -> dict:

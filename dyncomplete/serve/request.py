@@ -8,12 +8,20 @@ says what is allowed, in the shape OpenAI clients already parse:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..engine import GenerationParams
 from ..methods import parse_method
 
 MAX_STOP_STRINGS = 16
+# A prefix longer than budget x this many characters is cut before it is tokenised: code averages
+# 3-4 characters a token, so the cut text still holds several times the budget, and tokenising
+# it stays quick whatever the body's size (a 2 MiB prompt tokenised whole took seconds of the
+# only worker and hundreds of MiB).
+CHARS_PER_TOKEN = 16
+MIN_TOP_P = 1e-30  # smaller values round to 0 in float32 and would keep no token; this keeps the top one
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 # OpenAI fields we accept only at their neutral value (anything else would be silently wrong).
 NEUTRAL = {"n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, 0),
            "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {})}
@@ -54,6 +62,10 @@ def decode_body(raw: bytes) -> dict:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except ValueError:  # an integer over Python's 4300-digit conversion limit
+        raise ApiError(400, "request body holds a number with too many digits", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "request body nests arrays or objects too deeply", code="invalid_json") from None
     if not isinstance(obj, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
     return obj
@@ -67,12 +79,21 @@ def _check_text(value: str, param: str) -> str:
     return value
 
 
+def _shown(value, limit: int = 40) -> str:
+    """A client's value in an error message, cut short (a number may have thousands of digits)."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _typed(obj: dict, key: str, types: tuple, what: str, default=None):
     value = obj.get(key, default)
     if value is None:
         return default
     if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-        raise ApiError(400, f"{key} must be {what}, got {type(value).__name__} {json.dumps(value)[:40]}", key)
+        raise ApiError(400, f"{key} must be {what}, got {type(value).__name__} {_shown(value)}", key)
     return value
 
 
@@ -100,8 +121,41 @@ def _stop(obj: dict) -> tuple[str, ...]:
     return tuple(_check_text(s, "stop") for s in stops)
 
 
-def parse_completion(obj: dict, model_name: str, default_method: str, max_tokens_limit: int,
+def _method(obj: dict, methods: Sequence[str]) -> str:
+    """The request's method, which must be one of the server's allowed ones (built at start: a
+    request never makes the server build a method, load a model or read a path)."""
+    method = _typed(obj, "method", (str,), "a string", methods[0])
+    if method in methods:
+        return method
+    try:  # say what is wrong with the name when it is not even well formed
+        parse_method(method)
+        why = "not allowed on this server"
+    except ValueError as exc:
+        why = str(exc)[:240]
+    raise ApiError(400, f"method {_shown(method, 120)}: {why}; this server allows: {', '.join(methods)} "
+                   "(set with `dyncomplete serve --methods`)", "method", "method_not_allowed")
+
+
+def clip_prompt(prefix: str, suffix: str | None, budget: int) -> tuple[str, str | None, bool]:
+    """(prefix, suffix, whether either was cut): text far beyond the context budget cut by
+    characters, before anything tokenises it. The prefix keeps its end, cut at a line start that
+    moves in steps of a quarter of the bound (as `engine.window.stable_prefix` does by tokens, so a
+    typing session's prompts still share a start); the suffix keeps its start."""
+    limit = budget * CHARS_PER_TOKEN
+    clipped = False
+    if len(prefix) > limit:
+        step = limit // 4
+        drop = -(-(len(prefix) - limit) // step) * step
+        newline = prefix.find("\n", drop - 1, drop + step)
+        prefix, clipped = prefix[newline + 1 if newline >= 0 else drop:], True
+    if suffix is not None and len(suffix) > limit:
+        suffix, clipped = suffix[:limit], True
+    return prefix, suffix, clipped
+
+
+def parse_completion(obj: dict, model_name: str, methods: Sequence[str], max_tokens_limit: int,
                      client_header: str | None = None) -> CompletionRequest:
+    """`methods`: the allowed ones, the default first."""
     model = _typed(obj, "model", (str,), "a string")
     if model is None:
         raise ApiError(400, "model is required", "model")
@@ -119,21 +173,21 @@ def parse_completion(obj: dict, model_name: str, default_method: str, max_tokens
         raise ApiError(400, "prompt is empty: give the code before the cursor", "prompt")
     max_tokens = _typed(obj, "max_tokens", (int,), "an integer", 16)
     if not 1 <= max_tokens <= max_tokens_limit:
-        raise ApiError(400, f"max_tokens must be between 1 and {max_tokens_limit}, got {max_tokens}", "max_tokens")
+        raise ApiError(400, f"max_tokens must be between 1 and {max_tokens_limit}, got {_shown(max_tokens)}",
+                       "max_tokens")
     temperature = _typed(obj, "temperature", (int, float), "a number", 0.0)
     if not 0 <= temperature <= 2:
-        raise ApiError(400, f"temperature must be between 0 and 2, got {temperature}", "temperature")
+        raise ApiError(400, f"temperature must be between 0 and 2, got {_shown(temperature)}", "temperature")
     top_p = _typed(obj, "top_p", (int, float), "a number", 1.0)
     if not 0 < top_p <= 1:
-        raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
+        raise ApiError(400, f"top_p must be in (0, 1], got {_shown(top_p)}", "top_p")
     seed = _typed(obj, "seed", (int,), "an integer")
-    method = _typed(obj, "method", (str,), "a string", default_method)
-    try:  # the grammar and the family's form, checked before the request takes a queue slot
-        parse_method(method)
-    except ValueError as exc:
-        raise ApiError(400, str(exc), "method", "method_not_found") from None
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ApiError(400, f"seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {_shown(seed)}", "seed")
+    method = _method(obj, methods)
     user = _typed(obj, "user", (str,), "a string")
-    params = GenerationParams(max_new_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
+    params = GenerationParams(max_new_tokens=max_tokens, temperature=float(temperature),
+                              top_p=max(float(top_p), MIN_TOP_P),
                               seed=seed, stop=_stop(obj),
                               token_healing=_typed(obj, "token_healing", (bool,), "a boolean", True))
     return CompletionRequest(

@@ -4,7 +4,9 @@ Torch on a small CPU gains nothing from two generations at once, and the model a
 are not safe to share across threads, so one thread owns them. Requests beyond the queue's bound
 are refused at once (the caller answers 503) instead of piling up. A job ends early when its
 client disconnects, when a newer request of the same client supersedes it, or at its deadline:
-each sets the flag that `generate` polls after every token.
+each sets the flag that `generate` polls after every token, and the deadline is checked again
+once the prompt is tokenised, before the model runs. The methods a request may pick are built
+once, at start: a request never builds one (some load exit heads or a draft model).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -25,7 +28,6 @@ from .report import stats_object
 from .request import ApiError
 
 log = logging.getLogger("dyncomplete.serve")
-METHODS_KEPT = 8  # built methods kept (some load exit heads or a draft model)
 
 
 @dataclass
@@ -35,9 +37,10 @@ class Job:
     params: GenerationParams
     method: str
     use_cache: bool
-    client_id: str | None
+    client_id: str | None  # scoped by the app to the client's verified identity (address, key)
     deadline: float
     emit: Callable[[tuple], None]  # ("text", delta) | ("done", result dict) | ("error", ApiError)
+    clipped: bool = False  # the app cut the text by characters before queueing (request.clip_prompt)
     submitted: float = field(default_factory=time.perf_counter)
     reason: str = ""  # why it was cancelled: disconnected, superseded, timeout
     _flag: threading.Event = field(default_factory=threading.Event)
@@ -58,16 +61,31 @@ class Busy(Exception):
     pass
 
 
+class _Skipped(Exception):
+    """The job was cancelled (or ran out of time) before the model ran."""
+
+
+def build_methods(names: Sequence[str], model) -> dict[str, object]:
+    """Every allowed method, built now (ValueError naming the bad one: the server fails at start)."""
+    built = {}
+    for name in dict.fromkeys(names):
+        try:
+            built[name] = make_method(name, model)
+        except ValueError as exc:
+            raise ValueError(f"cannot serve method {name!r}: {exc}") from None
+    return built
+
+
 class Worker:
-    def __init__(self, model, default_method: str, queue_size: int, context_budget: int,
+    def __init__(self, model, methods: Sequence[str], queue_size: int, context_budget: int,
                  prefix_cache: PrefixCache):
+        """`methods`: the names requests may pick, all built here."""
         self.model = model
-        self.default_method = default_method
         self.context_budget = context_budget
         self.prefix_cache = prefix_cache
+        self._methods = build_methods(methods, model)
         self.meter = open_meter(str(model.device))
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
-        self._methods: OrderedDict[str, object] = OrderedDict()
         self._latest: dict[str, Job] = {}  # client id -> its newest job
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
@@ -117,12 +135,13 @@ class Worker:
             self.current = job
             try:
                 if job.cancelled():
-                    self._count(f"skipped_{job.reason}")
-                    job.emit(("error", ApiError(503 if job.reason == "timeout" else 409,
-                                                f"request {job.reason} before it reached the model",
-                                                code=job.reason, kind="server_error")))
-                else:
-                    job.emit(("done", self._run(job)))
+                    raise _Skipped
+                job.emit(("done", self._run(job)))
+            except _Skipped:
+                self._count(f"skipped_{job.reason}")
+                job.emit(("error", ApiError(503 if job.reason == "timeout" else 409,
+                                            f"request {job.reason} before it reached the model",
+                                            code=job.reason, kind="server_error")))
             except ApiError as exc:
                 self._count("refused")
                 job.emit(("error", exc))
@@ -131,9 +150,9 @@ class Worker:
                 job.emit(("error", ApiError(400, str(exc))))
             except Exception as exc:  # keep serving: report the failure to this request only
                 log.exception("generation failed")
-                self._count("failed")
-                job.emit(("error", ApiError(500, f"generation failed: {type(exc).__name__}: {exc}",
-                                            kind="server_error")))
+                self._count("failed")  # the message may hold paths: the log has it, the client gets the type
+                job.emit(("error", ApiError(500, f"generation failed ({type(exc).__name__}; see the server log)",
+                                            code="internal_error", kind="server_error")))
             finally:
                 job.finished = True
                 self.current = None
@@ -141,12 +160,14 @@ class Worker:
                     if job.client_id and self._latest.get(job.client_id) is job:
                         del self._latest[job.client_id]
 
+    @property
+    def methods(self) -> list[str]:
+        return list(self._methods)
+
     def _method(self, name: str):
-        if name not in self._methods:
-            self._methods[name] = make_method(name, self.model)
-            if len(self._methods) > METHODS_KEPT:
-                self._methods.popitem(last=False)
-        self._methods.move_to_end(name)
+        if name not in self._methods:  # the app checks first; this holds for direct callers too
+            raise ApiError(400, f"method {name[:80]!r} is not allowed on this server; allowed: "
+                           f"{', '.join(self._methods)}", "method", "method_not_allowed")
         return self._methods[name]
 
     def _run(self, job: Job) -> dict:
@@ -154,6 +175,8 @@ class Worker:
         method = self._method(job.method)
         budget = self.context_budget
         prompt = build_prompt(self.model.tokenizer, job.prefix, job.suffix, budget)
+        if job.cancelled():  # tokenising counts against the deadline too
+            raise _Skipped
         cache = None
         if job.use_cache:
             cache, _ = self.prefix_cache.lookup(prompt.ids)
@@ -165,15 +188,16 @@ class Worker:
             self.prefix_cache.store(prompt.ids[: result.stats.prompt_tokens], cache)
         stopped_by = job.reason if result.stats.stopped_by == "cancelled" else result.stats.stopped_by
         self._count(f"stopped_{stopped_by}")
+        truncated = prompt.truncated or job.clipped
         notices = [n for n in (prompt.notice, "the prompt was cut to the context budget "
-                               f"({budget} tokens, from the start)" if prompt.truncated else "") if n]
+                               f"({budget} tokens, from the start)" if truncated else "") if n]
         return {
             "completion": result,
             "stats": stats_object(self.model, result, energy, {
                 "stopped_by": stopped_by,
                 "queue_s": started - job.submitted,
                 "fim": prompt.fim,
-                "truncated_prompt": prompt.truncated,
+                "truncated_prompt": truncated,
                 "notices": notices,
             }),
         }

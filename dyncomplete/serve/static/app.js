@@ -102,7 +102,7 @@ async function loadModel() {
     $("served").textContent = `${model.id}, ${model.num_layers} layers`;
     if (!$("method").value) $("method").value = model.default_method;
     $("methods").textContent = "";
-    for (const name of new Set([model.default_method, ...model.method_families])) {
+    for (const name of model.methods) {  // the server's allowed methods (dyncomplete serve --methods)
       const option = document.createElement("option");
       option.value = name;
       $("methods").appendChild(option);
