@@ -121,8 +121,8 @@ def test_bad_input_gets_4xx_with_an_openai_error(served):
     assert r.status_code == 200 and r.json()["dyncomplete"]["truncated_prompt"]
     assert r.json()["dyncomplete"]["prompt_tokens"] <= 256
     # a vanishing nucleus keeps the top token (it used to round to 0 in float32 and keep none)
-    r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 2, "top_p": 1e-300,
-                                                  "temperature": 1}, headers=AUTH, timeout=120)
+    tiny_nucleus = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 2, "top_p": 1e-300, "temperature": 1}
+    r = httpx.post(f"{url}/v1/completions", json=tiny_nucleus, headers=AUTH, timeout=120)
     assert r.status_code == 200, r.text
     assert health(url)["status"] == "ok"
 
@@ -305,8 +305,8 @@ def test_host_content_type_and_cors(served):
         headers = {**AUTH, **({"Content-Type": ctype} if ctype else {})}
         r = httpx.post(f"{url}/v1/completions", content=body, headers=headers, timeout=60)
         assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", (ctype, r.text)
-    r = httpx.post(f"{url}/v1/completions", content=body, headers={**AUTH, "Content-Type": "application/json; charset=utf-8"},
-                   timeout=120)
+    r = httpx.post(f"{url}/v1/completions", content=body, timeout=120,
+                   headers={**AUTH, "Content-Type": "application/json; charset=utf-8"})
     assert r.status_code == 200
     preflight = httpx.options(f"{url}/v1/completions", headers={
         "Origin": "https://evil.example", "Access-Control-Request-Method": "POST",
@@ -336,7 +336,8 @@ def http_response(sock, timeout=15.0) -> tuple[int | None, dict | None]:
     try:
         while True:
             head, sep, body = data.partition(b"\r\n\r\n")
-            length = [int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
+            length = [int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                      if line.startswith(b"content-length:")]
             if sep and length and len(body) >= length[0]:
                 break
             chunk = sock.recv(65536)
@@ -394,7 +395,8 @@ def test_slow_clients_are_cut_off(served):
     slow_body.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + SERVE_KEY.encode()
                       + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\"")
     idle = socket.create_connection(("127.0.0.1", port))
-    idle.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + SERVE_KEY.encode() + b"\r\n\r\n")
+    idle.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + SERVE_KEY.encode()
+                 + b"\r\n\r\n")
     assert idle.recv(65536).startswith(b"HTTP/1.1 200")
     closed: dict[socket.socket, float] = {}
     answers: dict[socket.socket, bytes] = {}

@@ -62,8 +62,8 @@ def run(args) -> int:
     if args.url:
         report = go(args.url.rstrip("/"), args.api_key)
     else:
-        options = ["--method", args.method, "--methods", args.method, "--dtype", args.dtype, "--device", args.device, "--quant", args.quant,
-                   "--context-budget", str(args.context_budget), "--log-level", "error"]
+        options = ["--method", args.method, "--methods", args.method, "--dtype", args.dtype, "--device", args.device,
+                   "--quant", args.quant, "--context-budget", str(args.context_budget), "--log-level", "error"]
         with running_server(args.model, *options) as (url, _):
             report = go(url, None)
     if args.out:
