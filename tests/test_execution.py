@@ -160,7 +160,7 @@ def test_forks_are_capped():
 
 def test_refuses_to_run_without_a_usable_bwrap(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    execution._bwrap.cache_clear()
+    execution.usable_bwrap.cache_clear()
     try:
         with pytest.raises(SandboxUnavailable, match="no bwrap on PATH; install bubblewrap"):
             run_program("print(1)")
@@ -170,4 +170,4 @@ def test_refuses_to_run_without_a_usable_bwrap(monkeypatch, tmp_path):
         with pytest.raises(SandboxUnavailable, match=r"\(bwrap: Creating new namespace failed: Operation not perm"):
             run_program("print(1)")
     finally:
-        execution._bwrap.cache_clear()
+        execution.usable_bwrap.cache_clear()

@@ -43,11 +43,11 @@ class Outcome:
 
 def run_program(source: str, timeout: float = 10.0) -> Outcome:
     """Run `source` as a script; passed when it exits with status 0 within `timeout` seconds."""
-    return _run(_bwrap(), source, timeout)
+    return _run(usable_bwrap(), source, timeout)
 
 
 @functools.cache
-def _bwrap() -> str:
+def usable_bwrap() -> str:
     """bwrap's path, once it has run an empty program here; refuses in one line otherwise."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:

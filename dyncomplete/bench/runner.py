@@ -18,7 +18,7 @@ from ..engine import Stats, build_prompt
 from ..engine.repo_context import RepoContext
 from ..methods import make_method
 from .bandwidth import weight_bytes
-from .execution import run_program
+from .execution import run_program, usable_bwrap
 from .metrics import score
 
 WARMUP_TOKENS = 4
@@ -96,6 +96,8 @@ def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter
               context_budget: int = 1024, progress: bool = True, repo_context: bool = True) -> list[dict]:
     """Run what examples.jsonl lacks; return every result of these methods on these examples."""
     out = Path(out)
+    if dataset.has_tests:
+        usable_bwrap()  # refuse before any generation, not at the first example's tests
     check_run(out, config)
     done = {(r["id"], r["method"]) for r in read_results(out)}
     methods = {name: make_method(name, model) for name in method_names}
