@@ -34,7 +34,8 @@ def test_context_goes_first_in_the_repository_format_and_the_file_prompt_follows
     # the 400-line chunk does not fit in half the budget; the one after it still does
     assert prompt.context_chunks == 2 and prompt.ids.count(sep) == 3
     text = repo_tokenizer.decode(prompt.ids)
-    assert text.index("pkg/models.py") < text.index("pkg/util.py") < text.index("pkg/client.py\nfrom .models")
+    # laid out in reverse: the most important chunk ends next to the current file
+    assert text.index("pkg/util.py") < text.index("pkg/models.py") < text.index("pkg/client.py\nfrom .models")
     assert "x = 1" not in text
     assert len(prompt.ids) - len(plain.ids) <= 512
 

@@ -44,9 +44,9 @@ def pauses_of(path: Path, start: float, count: int) -> list[Pause]:
 
 
 def request_once(http: httpx.Client, url: str, model: str, method: str, pause: Pause, max_tokens: int,
-                 cache: bool) -> dict:
+                 cache: bool, healing: bool = True) -> dict:
     body = {"model": model, "prompt": pause.prefix, "max_tokens": max_tokens, "temperature": 0, "stop": ["\n"],
-            "stream": True, "method": method, "prefix_cache": cache}
+            "stream": True, "method": method, "prefix_cache": cache, "token_healing": healing}
     started = time.perf_counter()
     first, text, stats = None, "", None
     with http.stream("POST", f"{url}/v1/completions", json=body,
@@ -87,20 +87,20 @@ def summarise(results: list[dict]) -> dict:
 
 
 def replay(url: str, model: str, method: str, pauses: list[Pause], max_tokens: int, api_key: str | None = None,
-           progress=None) -> dict:
+           progress=None, healing: bool = True) -> dict:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     runs = {True: [], False: []}
     with httpx.Client(headers=headers, timeout=600) as http:
-        request_once(http, url, model, method, pauses[0], max_tokens, cache=False)  # warm-up, not counted
+        request_once(http, url, model, method, pauses[0], max_tokens, False, healing)  # warm-up, not counted
         for i, pause in enumerate(pauses):
             for cache in ((True, False) if i % 2 else (False, True)):
-                runs[cache].append(request_once(http, url, model, method, pause, max_tokens, cache))
+                runs[cache].append(request_once(http, url, model, method, pause, max_tokens, cache, healing))
             if progress:
                 progress(i + 1, len(pauses))
     on, off = summarise(runs[True]), summarise(runs[False])
     same = float(np.mean([a["text"] == b["text"] for a, b in zip(runs[True], runs[False])]))
     return {
-        "model": model, "method": method, "max_tokens": max_tokens,
+        "model": model, "method": method, "max_tokens": max_tokens, "token_healing": healing,
         "files": sorted({p.file for p in pauses}), "pauses": len(pauses),
         "rows": {"cache on": on, "cache off": off},
         "p50_speedup": off["p50_ms"] / on["p50_ms"] if on["p50_ms"] else 0.0,

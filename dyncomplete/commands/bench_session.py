@@ -57,7 +57,7 @@ def run(args) -> int:
         print(f"\r{done}/{total} pauses", end="" if done < total else "\n", file=sys.stderr)
 
     def go(url, key):
-        return replay(url, args.model, args.method, pauses, args.max_tokens, key, progress)
+        return replay(url, args.model, args.method, pauses, args.max_tokens, key, progress, args.token_healing == "on")
 
     if args.url:
         report = go(args.url.rstrip("/"), args.api_key)
@@ -85,6 +85,8 @@ def register(sub) -> None:
     p.add_argument("--start", type=float, default=0.5, help="where typing starts, as a fraction of the file")
     p.add_argument("--max-tokens", type=int, default=24, help="max_tokens of each request (stop at end of line)")
     p.add_argument("--context-budget", type=int, default=1024, help="server's prompt budget in tokens")
+    p.add_argument("--token-healing", default="on", choices=["on", "off"],
+                   help="the server's token healing (off: for methods without it, such as llama-cpp)")
     p.add_argument("--url", help="use this running server instead of starting one")
     p.add_argument("--api-key", help="with --url: the server's API key")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -5,9 +5,9 @@ beside it. Qwen2.5-Coder was trained on whole repositories laid out as
 `<|repo_name|>NAME\\n<|file_sep|>PATH\\nCONTENT\\n<|file_sep|>PATH\\n...` with the file being
 completed last, so its context chunks go in that format. Models without those tokens get each
 chunk under a one-line comment naming its file, the way files are concatenated in plain training
-text. The chunks keep the order they are given in and are only dropped from the end to fit the
-budget, so that while a user types the context part of the prompt stays the same and the prefix
-cache keeps hitting.
+text. The chunks come most important first; those that fit the budget are laid out in reverse,
+the most important next to the current file. The layout depends only on the chunks, so while a
+user types the context part of the prompt stays the same and the prefix cache keeps hitting.
 
 `rank_chunks` is the retrieval baseline of CrossCodeEval: windows of a few lines from the other
 files, ranked by the Jaccard similarity of their identifiers with the last lines before the
@@ -59,8 +59,9 @@ def _comment(path: str) -> str:
 
 def render(tokenizer, context: RepoContext, budget: int) -> tuple[list[int], int]:
     """Token ids of the context part of a prompt, at most `budget` of them, ending with the
-    current file's header; and how many chunks fit. Chunks that do not fit are skipped, later
-    (smaller) ones may still go in."""
+    current file's header; and how many chunks fit. Chunks are taken most important first; one
+    that does not fit is skipped (later, smaller ones may still go in). They are laid out in the
+    reverse order, so that the most important ends next to the current file."""
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False).input_ids
@@ -79,15 +80,15 @@ def render(tokenizer, context: RepoContext, budget: int) -> tuple[list[int], int
     used = len(head) + len(tail)
     if used > budget:
         return [], 0
-    body, kept = [], 0
+    kept = []
     for piece in pieces:
         if used + len(piece) <= budget:
-            body += piece
+            kept.append(piece)
             used += len(piece)
-            kept += 1
     if not kept:
         return [], 0
-    return head + body + tail, kept
+    body = [token for piece in reversed(kept) for token in piece]  # the most important next to the file
+    return head + body + tail, len(kept)
 
 
 def identifiers(text: str) -> set[str]:
