@@ -1,9 +1,12 @@
 """Registry and loading: clear one-line errors, nothing half-written in the cache, no weight
-package's code ever run."""
+package's code ever run, cached weights checked against the digest recorded at conversion."""
 
 import dataclasses
 import json
 import os
+import re
+import shutil
+import struct
 import sys
 from pathlib import Path
 
@@ -11,7 +14,7 @@ import pytest
 
 from dyncomplete.cli import main
 from dyncomplete.models import ModelError, load, registered_gguf, registry
-from dyncomplete.models.loading import prepare_registered, resolve
+from dyncomplete.models.loading import DIGEST_FILE, prepare_registered, resolve
 
 REAL_SMOLLM_DIR = registry.cached_dir("smollm2-135m")  # before any test points the cache elsewhere
 
@@ -143,6 +146,71 @@ def test_corrupt_cached_weights_give_a_clear_error(smollm, tmp_cache, monkeypatc
         load("test-smollm", dtype="float32")
 
 
+def tensor_span(path: Path, name: str) -> tuple[int, int]:
+    """Byte offsets (start, end) of a tensor's data in a safetensors file."""
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+    start, end = header[name]["data_offsets"]
+    return 8 + size + start, 8 + size + end
+
+
+def damage(path: Path, how: str) -> None:
+    """What issue 15 (item 4) saw served silently: random bytes in layer 14, a NaN embedding row."""
+    if how == "random bytes in layer 14":
+        start, end = tensor_span(path, "model.layers.14.mlp.down_proj.weight")
+        offset, data = (start + end) // 2, os.urandom(4096)
+    else:
+        start, _ = tensor_span(path, "model.embed_tokens.weight")
+        offset, data = start + 100 * 576 * 4, struct.pack("<f", float("nan")) * 576  # row 100 (float32)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def copy_of_smollm(target: Path, digest: bool, writable: tuple[str, ...] = ()) -> Path:
+    """The cached SmolLM2 directory copied to `target` (hard links for files that stay unchanged)."""
+    target.mkdir(parents=True)
+    for f in REAL_SMOLLM_DIR.iterdir():
+        if f.name == DIGEST_FILE and not digest:
+            continue
+        if f.name not in writable:
+            try:
+                os.link(f, target / f.name)
+                continue
+            except OSError:  # another file system
+                pass
+        shutil.copyfile(f, target / f.name)
+    return target
+
+
+@pytest.mark.parametrize("how", ["random bytes in layer 14", "NaN embedding row"])
+def test_damaged_cached_weights_are_refused_with_what_to_delete(smollm, tmp_cache, monkeypatch, how):
+    """The digest recorded at conversion is checked at every load (issue 15, item 4)."""
+    with_spec(monkeypatch)
+    cached = copy_of_smollm(tmp_cache / "models" / "test-smollm", digest=True, writable=("model.safetensors",))
+    damage(cached / "model.safetensors", how)
+    with pytest.raises(ModelError, match=f"differ from the digest .*model.safetensors.*delete {re.escape(str(cached))} and run"):
+        load("test-smollm", dtype="float32")
+
+
+def test_a_cached_directory_without_a_digest_gets_one_once_unless_damaged(smollm, tmp_cache, monkeypatch):
+    """Directories converted before digests were kept: their tensors must be finite, then their
+    digest is recorded and checked from then on."""
+    with_spec(monkeypatch)
+    old = copy_of_smollm(tmp_cache / "models" / "test-smollm", digest=False)
+    said = []
+    assert resolve("test-smollm", progress=said.append)[0] == str(old)
+    assert (old / DIGEST_FILE).is_file() and "recorded a digest" in said[0]
+    assert json.loads((old / DIGEST_FILE).read_text()) == json.loads((REAL_SMOLLM_DIR / DIGEST_FILE).read_text())
+    shutil.rmtree(old)
+    damaged = copy_of_smollm(old, digest=False, writable=("model.safetensors",))
+    damage(damaged / "model.safetensors", "NaN embedding row")
+    with pytest.raises(ModelError, match=f"NaN or infinite.*delete {re.escape(str(damaged))} and run"):
+        resolve("test-smollm", progress=lambda m: None)
+    assert not (damaged / DIGEST_FILE).exists()
+
+
 def test_local_directory_and_missing_gguf(smollm, tmp_path):
     with pytest.raises(ModelError, match="no config.json"):
         resolve(str(tmp_path))
@@ -184,4 +252,5 @@ def test_a_gguf_path_is_converted_once_and_loads(tmp_cache):
     assert model.num_layers == 30
     converted = list((tmp_cache / "models").iterdir())
     assert len(converted) == 1 and (converted[0] / "model.safetensors").is_file()
+    assert "model.safetensors" in json.loads((converted[0] / DIGEST_FILE).read_text())["files"]
     assert not [p for p in converted[0].parent.iterdir() if p.name.startswith(".")]  # no temp dirs left

