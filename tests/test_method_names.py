@@ -46,6 +46,15 @@ def test_bad_names_say_what_is_wrong(bad, says):
         parse_method(bad)
 
 
+@pytest.mark.parametrize("name", ["hf-generate+stop:0.5", "hf-generate:prompt-lookup+stop:0.5", "llama-cpp+stop:0.5",
+                                  "baseline+stop:0.5+stop:0.9"])
+def test_a_wrapper_over_a_method_it_cannot_wrap_is_refused_by_the_parser(name):
+    """hf-generate and llama-cpp decode in their own loops (no guard, no LM-head rows), so `+stop`
+    is refused where every name is checked (the server: a 400 before queueing), not when built."""
+    with pytest.raises(ValueError, match="cannot wrap"):
+        parse_method(name)
+
+
 def test_every_family_names_an_importable_module():
     import importlib
 

@@ -25,6 +25,7 @@ class Family:
     options: dict[str, str] = field(default_factory=dict)  # option -> "flag" | "value" | "path"
     threshold: bool = False  # whether "@T" is allowed
     wrapper: bool = False  # written after another method: METHOD+FAMILY[:ARG]
+    wrappable: bool = True  # decodes through DecodingMethod.generate, so a wrapper can wrap it
 
 
 _EARLY_EXIT_OPTIONS = {"lens": "flag", "heads": "path", "kv": "value", "min": "value"}
@@ -37,9 +38,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            threshold=True),
     Family("lookup+self", "dyncomplete.methods.speculative", ("EXIT_LAYER", "DRAFT_LENGTH")),
     Family("draft-model", "dyncomplete.methods.speculative", ("ALIAS", "DRAFT_LENGTH")),
-    Family("hf-generate", "dyncomplete.methods.hf_generate", ("prompt-lookup|assisted:ALIAS",)),
-    Family("llama-cpp", "dyncomplete.methods.llama_cpp", ("prompt-lookup",)),
-    Family("stop", "dyncomplete.methods.stop_rule", ("T",), wrapper=True),
+    Family("hf-generate", "dyncomplete.methods.hf_generate", ("prompt-lookup|assisted:ALIAS",), wrappable=False),
+    Family("llama-cpp", "dyncomplete.methods.llama_cpp", ("prompt-lookup",), wrappable=False),
+    Family("stop", "dyncomplete.methods.stop_rule", ("T",), wrapper=True, wrappable=False),
 ]}
 
 _THRESHOLD = re.compile(r"@([-+0-9.eE]+)")
@@ -80,6 +81,10 @@ def _parse_one(part: str, text: str, inner: MethodName | None) -> MethodName:
         plain = ", ".join(f for f in families() if not FAMILIES[f].wrapper)
         wrappers = ", ".join(f"+{f}" for f in families() if FAMILIES[f].wrapper)
         raise ValueError(f"unknown method {text!r}: known families are {plain}; wrappers {wrappers}")
+    if inner is not None and not FAMILIES[inner.family].wrappable:
+        why = "one wrapper per method" if FAMILIES[inner.family].wrapper else \
+            f"{inner.family} does not decode through dyncomplete's loop"
+        raise ValueError(f"+{name} cannot wrap {inner.text}: {why}")
     threshold = None
     found = _THRESHOLD.search(body)
     if found:
