@@ -1,11 +1,12 @@
-"""What every decoding method shares: parameters, stats, the emitter, sampling, the method base
-with its prefill, token healing and the prompt builder."""
+"""What every decoding method shares: parameters, stats, the emitter and its editor guards,
+sampling, the method base with its prefill, token healing and the prompt builder."""
 
 from .emitter import Emitter
+from .guards import EditorGuards
 from .method import DecodingMethod, eos_ids_of, prefill
 from .params import MAX_NEW_TOKENS_LIMIT, GenerationParams
 from .prompts import DEFAULT_CONTEXT_BUDGET, Prompt, build_prompt
 from .stats import Completion, Stats
 
-__all__ = ["Completion", "DecodingMethod", "DEFAULT_CONTEXT_BUDGET", "Emitter", "GenerationParams",
+__all__ = ["Completion", "DecodingMethod", "DEFAULT_CONTEXT_BUDGET", "EditorGuards", "Emitter", "GenerationParams",
            "MAX_NEW_TOKENS_LIMIT", "Prompt", "Stats", "build_prompt", "eos_ids_of", "prefill"]

@@ -1,14 +1,16 @@
 """The `Emitter`: every method hands it tokens one at a time, and it alone decides when the
 completion ends.
 
-It owns stop rules (max tokens, EOS, end of line in line mode, stop strings), the streaming
-callback, cancellation, the token counters and an optional `guard` (a learned stop rule) that
-may end the completion before a token is taken. So every method stops at exactly the same place
-for the same tokens, which the identity tests rely on.
+It owns stop rules (max tokens, EOS, end of line in line mode, stop strings, the editor
+guards of `guards.py`), the streaming callback, cancellation, the token counters and an
+optional `guard` (a learned stop rule) that may end the completion before a token is taken.
+So every method stops at exactly the same place for the same tokens, which the identity tests
+rely on.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from tokenizers.decoders import DecodeStream
@@ -64,6 +66,8 @@ class Emitter:
         self.text = ""
         self.streamed = 0  # characters already sent to on_text
         self.done = False
+        self.started = time.perf_counter()  # the editor guards' time cap counts from here
+        self.previous = 0  # length of the text before the latest token
 
     def emit(self, token: int, layers: int, source: str = "full") -> bool:
         """Add one token; returns True when the completion is over (then ignore later tokens)."""
@@ -77,6 +81,7 @@ class Emitter:
         self.stats.new_tokens += 1
         self.stats.token_layers.append(layers)
         self.stats.token_sources.append(source)
+        self.previous = len(self.text)
         self.text = self.detok.add(token)
         if self.healed and self.text.startswith(self.healed):
             self.text = self.text[len(self.healed):]
@@ -103,13 +108,21 @@ class Emitter:
             i = self.text.find(s)
             if i >= 0 and (best is None or i < best):
                 best, reason = i, "stop"
-        return best, reason
+        return self._editor_cut(best, reason, final=False)
+
+    def _editor_cut(self, best: int | None, reason: str, final: bool) -> tuple[int | None, str]:
+        editor = self.params.editor
+        text = self.text if best is None else self.text[:best]
+        cut = editor.cut(text, self.previous, time.perf_counter() - self.started, final) if editor else None
+        return (best, reason) if cut is None else cut
 
     def _safe_prefix(self) -> str:
         """Text that can be streamed now: hold back a possible partial stop string and an
         incomplete UTF-8 sequence (decoded as U+FFFD) at the end."""
         text = self.text.rstrip("\ufffd")
         hold = max((len(s) - 1 for s in self.params.stop), default=0)
+        if self.params.editor is not None:
+            hold = max(hold, self.params.editor.holds(text))
         return text[: max(self.streamed, len(text) - hold)]
 
     def _stream(self, upto: str) -> None:
@@ -119,6 +132,10 @@ class Emitter:
 
     def _finish(self, reason: str) -> bool:
         if not self.done:
+            if self.params.editor is not None:  # the last line counts as complete now
+                cut, why = self._editor_cut(None, reason, final=True)
+                if cut is not None and why != "time_limit":
+                    self.text, reason = self.text[:cut], why
             self.done = True
             self.stats.stopped_by = reason
             self._stream(self.text)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .guards import EditorGuards
+
 MAX_NEW_TOKENS_LIMIT = 4096
 
 
@@ -16,6 +18,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     line_mode: bool = False  # stop at the first newline (line completion)
     token_healing: bool = False  # back up the prompt's last token (see healing.py)
+    editor: EditorGuards | None = None  # where an editor's completion ends (see guards.py)
 
     def __post_init__(self):
         if not (1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT):

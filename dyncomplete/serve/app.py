@@ -1,4 +1,5 @@
-"""The HTTP API (OpenAI's `/v1/completions` shape) and the playground page, on FastAPI.
+"""The HTTP API (OpenAI's `/v1/completions` shape; llama.cpp's `/infill` and Ollama's
+`/api/generate` for the editor plugins, in `editors.py`) and the playground page, on FastAPI.
 
 Handlers only check input and talk to the `Worker`: every bad request is refused here, before it
 takes a queue slot, and the event loop never touches the model. Events from the worker thread
@@ -26,17 +27,21 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import DEFAULT_CONTEXT_BUDGET
+from ..engine.prompts import fim_tokens
 from ..methods import families
 from .http import Guard, Limits
 from .prefix_cache import PrefixCache
 from .report import finish_reason
-from .request import ApiError, clip_prompt, decode_body, parse_completion
+from .editors import (OLLAMA_VERSION, infill_chunk, infill_final, ollama_chunk, ollama_final, ollama_show,
+                      ollama_tags, parse_generate, parse_infill)
+from .request import ApiError, CompletionRequest, clip_context, clip_prompt, decode_body, parse_completion
 from .worker import Busy, Job, Worker
 
 STATIC = Path(__file__).parent / "static"
 POLL_S = 0.1  # how often a waiting non-streaming request checks for a disconnect
 # Allowed besides the default method unless --methods says otherwise: built-ins that load nothing.
 DEFAULT_METHODS = ("baseline", "lookup")
+NDJSON = "application/x-ndjson"
 
 
 @dataclass
@@ -169,11 +174,9 @@ def create_app(model, settings: Settings) -> FastAPI:
             "num_layers": model.num_layers, "default_method": settings.default_method, "methods": methods,
             "method_families": known_families}]}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        obj = decode_body(await read_body(request, settings.max_body_bytes, settings.limits.body_timeout_s))
-        req = parse_completion(obj, model.name, methods, settings.max_tokens_limit, request.headers.get("x-client-id"))
-        del obj  # the clipped text is all that is kept
+    async def start(request: Request, req: CompletionRequest):
+        """Queue a parsed request; (job, next_event) where next_event(watch_disconnect) gives the
+        worker's events ("text", delta), ("done", result) or ("error", ApiError)."""
         prefix, suffix, clipped = clip_prompt(req.prefix, req.suffix, settings.context_budget)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
@@ -184,16 +187,14 @@ def create_app(model, settings: Settings) -> FastAPI:
                 pass
 
         job = Job(prefix, suffix, req.params, req.method, req.prefix_cache, client_scope(request, req.client_id),
-                  time.perf_counter() + settings.request_timeout_s, emit, clipped)
-        req.prefix = req.suffix = None
+                  time.perf_counter() + settings.request_timeout_s, emit, clipped,
+                  clip_context(req.context, settings.context_budget), req.budget)
+        req.prefix = req.suffix = req.context = None  # the clipped text is all that is kept
         try:
             worker.submit(job)
         except Busy:
             raise ApiError(503, f"server busy: {settings.queue_size} requests already queued, retry later",
                            code="queue_full", kind="server_error", headers={"Retry-After": "1"}) from None
-        rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        extra = {"ignored_fields": req.ignored_fields} if req.ignored_fields else {}
-
         last_check = time.monotonic()
 
         async def next_event(watch_disconnect: bool):
@@ -212,42 +213,139 @@ def create_app(model, settings: Settings) -> FastAPI:
                         return "error", ApiError(503, f"no answer within {settings.request_timeout_s:g} s "
                                                  "(queued too long)", code="timeout", kind="server_error")
 
-        if not req.stream:
-            while True:
-                kind, value = await next_event(True)
-                if kind == "error":
-                    raise value
-                if kind == "done":
-                    return completion_body(rid, created, model.name, value["completion"].text,
-                                           finish_reason(value["stats"]["stopped_by"]), usage_of(value),
-                                           {**value["stats"], **extra})
+        return job, next_event
 
+    async def result_of(next_event) -> dict:
+        """The "done" result of a job whose client waits for the whole answer."""
+        while True:
+            kind, value = await next_event(True)
+            if kind == "error":
+                raise value
+            if kind == "done":
+                return value
+
+    async def streamed(job: Job, next_event, chunk, final, error_line, end: str = ""):
+        """The response lines of a streaming job: chunk(delta) per text event, final(result) at the
+        end, error_line(ApiError) for an error once the headers are sent (the first event is
+        awaited before: an error there is a plain error response)."""
         first = await next_event(True)
         if first[0] == "error":
             raise first[1]
 
-        async def sse():
+        async def lines():
             event = first
             try:
                 while True:
                     kind, value = event
-                    if kind == "error":  # headers are sent: report in the stream, as OpenAI does
-                        yield f"data: {json.dumps(value.body())}\n\n"
+                    if kind == "error":
+                        yield error_line(value)
                         break
                     if kind == "text":
-                        yield f"data: {json.dumps(completion_body(rid, created, model.name, value, None))}\n\n"
+                        yield chunk(value)
                     if kind == "done":
-                        final = completion_body(rid, created, model.name, "", finish_reason(value["stats"]["stopped_by"]),
-                                                usage_of(value), {**value["stats"], **extra})
-                        yield f"data: {json.dumps(final)}\n\n"
+                        yield final(value)
                         break
                     event = await next_event(False)
-                yield "data: [DONE]\n\n"
+                if end:
+                    yield end
             finally:
                 if not job.finished:
                     job.cancel("disconnected")
 
-        return StreamingResponse(sse(), media_type="text/event-stream",
+        return lines()
+
+    async def parsed(request: Request, parse):
+        obj = decode_body(await read_body(request, settings.max_body_bytes, settings.limits.body_timeout_s))
+        return parse(obj)
+
+    def ignored(req: CompletionRequest) -> dict:
+        return {"ignored_fields": req.ignored_fields} if req.ignored_fields else {}
+
+    def sse(lines):
+        return StreamingResponse(lines, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def event(obj) -> str:
+        return f"data: {json.dumps(obj)}\n\n"
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = await parsed(request, lambda obj: parse_completion(
+            obj, model.name, methods, settings.max_tokens_limit, request.headers.get("x-client-id")))
+        stream, extra = req.stream, ignored(req)
+        job, next_event = await start(request, req)
+        rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+
+        def final(value, text=""):
+            return completion_body(rid, created, model.name, text, finish_reason(value["stats"]["stopped_by"]),
+                                   usage_of(value), {**value["stats"], **extra})
+
+        if not stream:
+            value = await result_of(next_event)
+            return final(value, value["completion"].text)
+        return sse(await streamed(
+            job, next_event, lambda text: event(completion_body(rid, created, model.name, text, None)),
+            lambda value: event(final(value)), lambda error: event(error.body()), "data: [DONE]\n\n"))
+
+    @app.post("/infill")
+    async def infill(request: Request):
+        """llama.cpp's fill-in-the-middle endpoint (llama.vscode, llama.vim)."""
+        req = await parsed(request, lambda obj: parse_infill(obj, model.name, methods, settings.max_tokens_limit))
+        extra = ignored(req)
+        if req.warm_only:
+            body = infill_final(model.name, req, settings.context_budget, "", None, extra)
+            return sse(iter([event(body)])) if req.stream else body
+        job, next_event = await start(request, req)
+        if not req.stream:
+            value = await result_of(next_event)
+            return infill_final(model.name, req, settings.context_budget, value["completion"].text, value, extra)
+        count = 0
+
+        def chunk(text):
+            nonlocal count
+            count += 1
+            return event(infill_chunk(text, count))
+
+        return sse(await streamed(
+            job, next_event, chunk,
+            lambda value: event(infill_final(model.name, req, settings.context_budget, "", value, extra)),
+            lambda error: event(error.body())))
+
+    @app.post("/api/generate")
+    async def generate(request: Request):
+        """Ollama's generate endpoint with `suffix` (Continue's `ollama` provider); NDJSON stream."""
+        started = time.perf_counter()
+        req = await parsed(request, lambda obj: parse_generate(obj, model.name, methods, settings.max_tokens_limit,
+                                                               settings.context_budget))
+        extra, name = ignored(req), req.model
+
+        def final(value, text=""):
+            finish = finish_reason(value["stats"]["stopped_by"]) if value else "stop"
+            return ollama_final(name, text, value, finish, started, extra)
+
+        if req.warm_only:
+            body = final(None)
+            return StreamingResponse(iter([json.dumps(body) + "\n"]), media_type=NDJSON) if req.stream else body
+        job, next_event = await start(request, req)
+        if not req.stream:
+            value = await result_of(next_event)
+            return final(value, value["completion"].text)
+        lines = await streamed(job, next_event, lambda text: json.dumps(ollama_chunk(name, text)) + "\n",
+                               lambda value: json.dumps(final(value)) + "\n",
+                               lambda error: json.dumps({"error": error.message}) + "\n")
+        return StreamingResponse(lines, media_type=NDJSON, headers={"Cache-Control": "no-cache"})
+
+    @app.get("/api/tags")
+    async def tags():
+        return ollama_tags(model)
+
+    @app.get("/api/version")
+    async def version():
+        return {"version": OLLAMA_VERSION}
+
+    @app.post("/api/show")
+    async def show(request: Request):
+        await parsed(request, lambda obj: obj)
+        return ollama_show(model, fim_tokens(model.tokenizer) is not None)
 
     return app

@@ -12,9 +12,10 @@ from ..engine import Completion
 # Only the values OpenAI's clients know ("stop", "length"; the SDK types list no other for a text
 # completion). "stop": the completion ended where the model or the request said it should.
 # "length": it was cut short by a limit, as OpenAI and vLLM report max_tokens and the context length;
-# here also the deadline (--timeout), a newer request of the same client, a disconnect or a shutdown.
+# here also the editor guards' time cap (time_limit), the deadline (--timeout), a newer request of the same client, a disconnect or a shutdown.
 # `dyncomplete.stopped_by` tells them apart.
-STOPPED = {"eos", "newline", "stop", "stop_rule"}
+STOPPED = {"eos", "newline", "stop", "stop_rule",
+           "suffix_repeat", "indent", "bracket"}  # the editor guards (engine/guards.py)
 
 
 def token_pieces(tokenizer, ids: list[int], text: str, healed: str = "") -> list[str]:

@@ -11,7 +11,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..engine import GenerationParams
+from ..engine import EditorGuards, GenerationParams
+from ..engine.repo_context import RepoContext
 from ..methods import parse_method
 
 MAX_STOP_STRINGS = 16
@@ -26,7 +27,7 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 NEUTRAL = {"n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, 0),
            "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {})}
 KNOWN = {"model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "stop", "stream", "seed",
-         "user", "method", "prefix_cache", "token_healing", "stream_options", *NEUTRAL}
+         "user", "method", "prefix_cache", "token_healing", "stream_options", "editor_guards", *NEUTRAL}
 
 
 class ApiError(Exception):
@@ -51,6 +52,9 @@ class CompletionRequest:
     client_id: str | None
     prefix_cache: bool
     ignored_fields: list[str]
+    context: RepoContext | None = None  # /infill's input_extra
+    budget: int | None = None  # a smaller context budget than the server's (Ollama's num_ctx)
+    warm_only: bool = False  # an editor's cache-warming request: answered without the model
 
 
 def decode_body(raw: bytes) -> dict:
@@ -71,7 +75,7 @@ def decode_body(raw: bytes) -> dict:
     return obj
 
 
-def _check_text(value: str, param: str) -> str:
+def check_text(value: str, param: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -79,7 +83,7 @@ def _check_text(value: str, param: str) -> str:
     return value
 
 
-def _shown(value, limit: int = 40) -> str:
+def shown(value, limit: int = 40) -> str:
     """A client's value in an error message, cut short (a number may have thousands of digits)."""
     try:
         text = json.dumps(value)
@@ -88,12 +92,12 @@ def _shown(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _typed(obj: dict, key: str, types: tuple, what: str, default=None):
+def typed(obj: dict, key: str, types: tuple, what: str, default=None):
     value = obj.get(key, default)
     if value is None:
         return default
     if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-        raise ApiError(400, f"{key} must be {what}, got {type(value).__name__} {_shown(value)}", key)
+        raise ApiError(400, f"{key} must be {what}, got {type(value).__name__} {shown(value)}", key)
     return value
 
 
@@ -106,25 +110,25 @@ def _prompt(obj: dict) -> str:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise ApiError(400, "prompt is required and must be a string", "prompt")
-    return _check_text(prompt, "prompt")
+    return check_text(prompt, "prompt")
 
 
-def _stop(obj: dict) -> tuple[str, ...]:
-    stop = obj.get("stop")
+def _stop(obj: dict, prefix: str = "") -> tuple[str, ...]:
+    stop, name = obj.get("stop"), f"{prefix}stop"
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise ApiError(400, "stop must be a string or a list of strings", "stop")
+        raise ApiError(400, f"{name} must be a string or a list of strings", name)
     if len(stops) > MAX_STOP_STRINGS:
-        raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", "stop")
-    return tuple(_check_text(s, "stop") for s in stops)
+        raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", name)
+    return tuple(check_text(s, name) for s in stops)
 
 
-def _method(obj: dict, methods: Sequence[str]) -> str:
+def allowed_method(obj: dict, methods: Sequence[str]) -> str:
     """The request's method, which must be one of the server's allowed ones (built at start: a
     request never makes the server build a method, load a model or read a path)."""
-    method = _typed(obj, "method", (str,), "a string", methods[0])
+    method = typed(obj, "method", (str,), "a string", methods[0])
     if method in methods:
         return method
     try:  # say what is wrong with the name when it is not even well formed
@@ -132,8 +136,27 @@ def _method(obj: dict, methods: Sequence[str]) -> str:
         why = "not allowed on this server"
     except ValueError as exc:
         why = str(exc)[:240]
-    raise ApiError(400, f"method {_shown(method, 120)}: {why}; this server allows: {', '.join(methods)} "
+    raise ApiError(400, f"method {shown(method, 120)}: {why}; this server allows: {', '.join(methods)} "
                    "(set with `dyncomplete serve --methods`)", "method", "method_not_allowed")
+
+
+def sampling_params(obj: dict, max_tokens: int, editor: EditorGuards | None, prefix: str = "") -> GenerationParams:
+    """`temperature`, `top_p`, `seed`, `stop` and `token_healing` of `obj` (whose fields are named
+    `prefix` + name in the error messages: Ollama's sit in `options`)."""
+    temperature = typed(obj, "temperature", (int, float), "a number", 0.0)
+    if not 0 <= temperature <= 2:
+        raise ApiError(400, f"{prefix}temperature must be between 0 and 2, got {shown(temperature)}",
+                       f"{prefix}temperature")
+    top_p = typed(obj, "top_p", (int, float), "a number", 1.0)
+    if not 0 < top_p <= 1:
+        raise ApiError(400, f"{prefix}top_p must be in (0, 1], got {shown(top_p)}", f"{prefix}top_p")
+    seed = typed(obj, "seed", (int,), "an integer")
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ApiError(400, f"{prefix}seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {shown(seed)}",
+                       f"{prefix}seed")
+    return GenerationParams(max_new_tokens=max_tokens, temperature=float(temperature),
+                            top_p=max(float(top_p), MIN_TOP_P), seed=seed, stop=_stop(obj, prefix),
+                            token_healing=typed(obj, "token_healing", (bool,), "a boolean", True), editor=editor)
 
 
 def clip_prompt(prefix: str, suffix: str | None, budget: int) -> tuple[str, str | None, bool]:
@@ -153,10 +176,24 @@ def clip_prompt(prefix: str, suffix: str | None, budget: int) -> tuple[str, str 
     return prefix, suffix, clipped
 
 
+def clip_context(context: RepoContext | None, budget: int) -> RepoContext | None:
+    """Repository context cut by characters like the prompt: chunks in the editor's order while
+    they fit in half the budget's characters (the prompt builder gives context at most half the
+    budget), so a body full of `input_extra` is never tokenised whole."""
+    if context is None:
+        return None
+    room, kept = budget * CHARS_PER_TOKEN // 2, []
+    for chunk in context.chunks:
+        if len(chunk.text) + len(chunk.filename) <= room:
+            kept.append(chunk)
+            room -= len(chunk.text) + len(chunk.filename)
+    return RepoContext(kept, context.path, context.repo) if kept else None
+
+
 def parse_completion(obj: dict, model_name: str, methods: Sequence[str], max_tokens_limit: int,
                      client_header: str | None = None) -> CompletionRequest:
     """`methods`: the allowed ones, the default first."""
-    model = _typed(obj, "model", (str,), "a string")
+    model = typed(obj, "model", (str,), "a string")
     if model is None:
         raise ApiError(400, "model is required", "model")
     if model != model_name:
@@ -166,34 +203,23 @@ def parse_completion(obj: dict, model_name: str, methods: Sequence[str], max_tok
         if key in obj and obj[key] not in allowed:
             raise ApiError(400, f"{key}={json.dumps(obj[key])[:40]} is not supported (only {allowed[1]!r})", key)
     prefix = _prompt(obj)
-    suffix = _typed(obj, "suffix", (str,), "a string")
+    suffix = typed(obj, "suffix", (str,), "a string")
     if suffix is not None:
-        _check_text(suffix, "suffix")
+        check_text(suffix, "suffix")
     if not prefix and not suffix:
         raise ApiError(400, "prompt is empty: give the code before the cursor", "prompt")
-    max_tokens = _typed(obj, "max_tokens", (int,), "an integer", 16)
+    max_tokens = typed(obj, "max_tokens", (int,), "an integer", 16)
     if not 1 <= max_tokens <= max_tokens_limit:
-        raise ApiError(400, f"max_tokens must be between 1 and {max_tokens_limit}, got {_shown(max_tokens)}",
+        raise ApiError(400, f"max_tokens must be between 1 and {max_tokens_limit}, got {shown(max_tokens)}",
                        "max_tokens")
-    temperature = _typed(obj, "temperature", (int, float), "a number", 0.0)
-    if not 0 <= temperature <= 2:
-        raise ApiError(400, f"temperature must be between 0 and 2, got {_shown(temperature)}", "temperature")
-    top_p = _typed(obj, "top_p", (int, float), "a number", 1.0)
-    if not 0 < top_p <= 1:
-        raise ApiError(400, f"top_p must be in (0, 1], got {_shown(top_p)}", "top_p")
-    seed = _typed(obj, "seed", (int,), "an integer")
-    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise ApiError(400, f"seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {_shown(seed)}", "seed")
-    method = _method(obj, methods)
-    user = _typed(obj, "user", (str,), "a string")
-    params = GenerationParams(max_new_tokens=max_tokens, temperature=float(temperature),
-                              top_p=max(float(top_p), MIN_TOP_P),
-                              seed=seed, stop=_stop(obj),
-                              token_healing=_typed(obj, "token_healing", (bool,), "a boolean", True))
+    method = allowed_method(obj, methods)
+    user = typed(obj, "user", (str,), "a string")
+    guards = EditorGuards.for_cursor(prefix, suffix) if typed(obj, "editor_guards", (bool,), "a boolean") else None
+    params = sampling_params(obj, max_tokens, guards)
     return CompletionRequest(
         model=model, prefix=prefix, suffix=suffix, params=params, method=method,
-        stream=_typed(obj, "stream", (bool,), "a boolean", False),
+        stream=typed(obj, "stream", (bool,), "a boolean", False),
         client_id=client_header or user,
-        prefix_cache=_typed(obj, "prefix_cache", (bool,), "a boolean", True),
+        prefix_cache=typed(obj, "prefix_cache", (bool,), "a boolean", True),
         ignored_fields=sorted(set(obj) - KNOWN),
     )

@@ -22,6 +22,7 @@ from typing import Callable
 
 from ..energy import open_meter
 from ..engine import GenerationParams, build_prompt
+from ..engine.repo_context import RepoContext
 from ..methods import make_method
 from .prefix_cache import PrefixCache
 from .report import stats_object
@@ -41,6 +42,8 @@ class Job:
     deadline: float
     emit: Callable[[tuple], None]  # ("text", delta) | ("done", result dict) | ("error", ApiError)
     clipped: bool = False  # the app cut the text by characters before queueing (request.clip_prompt)
+    context: RepoContext | None = None  # other files' code (/infill's input_extra)
+    budget: int | None = None  # the request's own, smaller context budget
     submitted: float = field(default_factory=time.perf_counter)
     reason: str = ""  # why it was cancelled: disconnected, superseded, timeout
     _flag: threading.Event = field(default_factory=threading.Event)
@@ -173,8 +176,8 @@ class Worker:
     def _run(self, job: Job) -> dict:
         started = time.perf_counter()
         method = self._method(job.method)
-        budget = self.context_budget
-        prompt = build_prompt(self.model.tokenizer, job.prefix, job.suffix, budget)
+        budget = min(job.budget or self.context_budget, self.context_budget)
+        prompt = build_prompt(self.model.tokenizer, job.prefix, job.suffix, budget, job.context)
         if job.cancelled():  # tokenising counts against the deadline too
             raise _Skipped
         cache = None
@@ -197,6 +200,7 @@ class Worker:
                 "stopped_by": stopped_by,
                 "queue_s": started - job.submitted,
                 "fim": prompt.fim,
+                "context_chunks": prompt.context_chunks,
                 "truncated_prompt": truncated,
                 "notices": notices,
             }),

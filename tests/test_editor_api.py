@@ -1,0 +1,177 @@
+"""The editor plugins' APIs through real HTTP, with the bodies the plugins send, copied as data
+into `editor_bodies/` from their source:
+
+- llama.vscode `src/llama-server.ts` `createRequestPayload` (completion, and the `n_predict: 0`
+  warm-up `updateExtraContext` sends), with `src/completion.ts` splitting the text around the
+  cursor (a blank cursor line becomes `prompt: ""`, its indentation `n_indent`);
+- llama.vim `autoload/llama.vim` `llama#fim` and `s:ring_update`;
+- Continue `core/llm/llms/Ollama.ts` `_streamFim` (`_getGenerateOptions` with prefix and suffix)
+  and the `api/show` call its constructor makes to learn whether the model fills the middle;
+- the official `openai` client on `/v1/completions` (`editor_guards` as an extra field).
+
+SmolLM2 (installed everywhere) answers each body with the shapes the clients parse; it has no FIM
+tokens, so the suffix is ignored and a notice says so. Where Qwen2.5-Coder-0.5B is installed, the
+same bodies get the middle of the circle example, and the guards keep the suffix's `return` out.
+"""
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from conftest import SERVE_KEY
+
+from dyncomplete.models import REGISTRY
+
+BODIES = Path(__file__).parent / "editor_bodies"
+SMOL, QWEN = "smollm2-135m", "qwen2.5-coder-0.5b"
+HEADERS = {"Authorization": f"Bearer {SERVE_KEY}", "Content-Type": "application/json"}
+OPTIONS = ["--api-key", SERVE_KEY, "--max-tokens-limit", "48", "--context-budget", "512", "--cache-mb", "64"]
+MIDDLE = "circumference = 2 * math.pi * r"
+
+
+def body(file: str, **changes) -> dict:
+    return {**json.loads((BODIES / file).read_text()), **changes}
+
+
+def ollama_name(model: str) -> str:
+    """How Continue names a model to Ollama (`qwen2.5-coder-0.5b` -> `qwen2.5-coder:0.5b`)."""
+    head, _, tag = model.rpartition("-")
+    return f"{head}:{tag}"
+
+
+def post(url: str, path: str, data: dict, **kwargs) -> httpx.Response:
+    return httpx.post(f"{url}{path}", json=data, headers=HEADERS, timeout=300, **kwargs)
+
+
+def ndjson(response: httpx.Response) -> list[dict]:
+    return [json.loads(line) for line in response.text.splitlines() if line.strip()]
+
+
+def sse(response: httpx.Response) -> list[dict]:
+    return [json.loads(line[len("data: "):]) for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+@pytest.fixture(scope="module")
+def smol_server():
+    from dyncomplete.bench.launch import running_server
+
+    with running_server(SMOL, "--dtype", "float32", *OPTIONS) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def qwen_server():
+    from dyncomplete.bench.launch import running_server
+
+    if not REGISTRY[QWEN].installed():
+        pytest.skip(f"{QWEN} is not installed: run `dyncomplete install {QWEN}`")
+    with running_server(QWEN, *OPTIONS) as (url, _):
+        yield url
+
+
+pytestmark = pytest.mark.model
+
+
+@pytest.mark.parametrize("name", ["llama_vscode_infill.json", "llama_vim_infill.json"])
+def test_llama_cpp_clients_get_infill_answers(smol_server, name):
+    r = post(smol_server, "/infill", body(name))
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert isinstance(out["content"], str) and out["stop"] is True and out["stop_type"] in ("eos", "limit", "word")
+    assert out["tokens_predicted"] == len(out["dyncomplete"]["token_layers"]) > 0
+    assert set(out["timings"]) >= {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second"}
+    assert out["generation_settings"]["n_ctx"] == 512 and out["tokens_cached"] >= out["tokens_evaluated"] - 1
+    stats = out["dyncomplete"]
+    assert stats["context_chunks"] == 1  # input_extra went into the prompt
+    assert "suffix is ignored" in " ".join(stats["notices"])
+    assert set(stats["ignored_fields"]) >= {"samplers", "t_max_prompt_ms", "top_k"}
+    # streamed as llama.cpp streams; without the time cap, which makes the two differ by the clock
+    whole = post(smol_server, "/infill", body(name, t_max_predict_ms=0)).json()
+    streamed = sse(post(smol_server, "/infill", body(name, stream=True, t_max_predict_ms=0)))
+    assert "".join(c["content"] for c in streamed) == whole["content"]
+    assert [c["stop"] for c in streamed][-1] is True and not any(c["stop"] for c in streamed[:-1])
+    assert streamed[-1]["dyncomplete"]["stopped_by"] == whole["dyncomplete"]["stopped_by"]
+
+
+@pytest.mark.parametrize("name", ["llama_vscode_warm.json", "llama_vim_ring_update.json"])
+def test_cache_warming_requests_are_answered_without_the_model(smol_server, name):
+    start = time.monotonic()
+    r = post(smol_server, "/infill", body(name))
+    assert r.status_code == 200 and r.json()["content"] == "" and r.json()["stop"] is True
+    assert time.monotonic() - start < 5
+
+
+def test_continue_ollama_provider(smol_server):
+    show = post(smol_server, "/api/show", body("continue_ollama_show.json", name=ollama_name(SMOL)))
+    assert show.status_code == 200 and ".Suffix" not in show.json()["template"]  # no FIM: Continue sends no suffix
+    tags = httpx.get(f"{smol_server}/api/tags", headers=HEADERS, timeout=30).json()
+    assert [m["name"] for m in tags["models"]] == [SMOL]
+    assert httpx.get(f"{smol_server}/api/version", headers=HEADERS, timeout=30).json()["version"]
+    request = body("continue_ollama_generate.json", model=ollama_name(SMOL))
+    r = post(smol_server, "/api/generate", request)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+    lines = ndjson(r)
+    assert all(not line["done"] for line in lines[:-1]) and lines[-1]["done"] is True
+    last = lines[-1]
+    assert last["done_reason"] in ("stop", "length") and last["eval_count"] == len(last["dyncomplete"]["token_layers"])
+    assert last["model"] == request["model"] and last["dyncomplete"]["ignored_fields"] == ["keep_alive"]
+    whole = post(smol_server, "/api/generate", {**request, "stream": False}).json()
+    assert whole["done"] is True and whole["response"] == "".join(line["response"] for line in lines)
+
+
+def test_editor_endpoints_refuse_bad_fields_by_name(smol_server):
+    cases = [
+        ("/infill", body("llama_vim_infill.json", n_indent=-1), 400, "n_indent"),
+        ("/infill", body("llama_vim_infill.json", input_extra=[{"filename": "a.py"}]), 400, "input_extra"),
+        ("/infill", body("llama_vim_infill.json", t_max_predict_ms="1s"), 400, "t_max_predict_ms"),
+        ("/infill", body("llama_vim_infill.json", method="early-exit:rl@0.9"), 400, "method"),
+        ("/api/generate", body("continue_ollama_generate.json", model="llama3:8b"), 404, "model"),
+        ("/api/generate", body("continue_ollama_generate.json", model=ollama_name(SMOL), options={"temperature": 5}),
+         400, "options.temperature"),
+        ("/api/generate", body("continue_ollama_generate.json", model=ollama_name(SMOL), images=["aGk="]), 400,
+         "images"),
+    ]
+    for path, data, status, param in cases:
+        r = post(smol_server, path, data)
+        assert (r.status_code, r.json()["error"]["param"]) == (status, param), r.text
+    plain = httpx.post(f"{smol_server}/infill", content=json.dumps(body("llama_vim_infill.json")),
+                       headers={"Authorization": HEADERS["Authorization"], "Content-Type": "text/plain"}, timeout=30)
+    assert plain.status_code == 415  # the Content-Type check holds here too
+    rebound = httpx.post(f"{smol_server}/infill", json=body("llama_vim_infill.json"),
+                         headers={**HEADERS, "Host": "evil.example:8000"}, timeout=30)
+    assert rebound.status_code == 403
+
+
+def test_time_cap_stops_at_the_first_newline(smol_server):
+    data = body("llama_vim_infill.json", input_prefix="def add(a, b):\n", prompt="", input_suffix="",
+                input_extra=[], n_indent=0, t_max_predict_ms=1)
+    out = post(smol_server, "/infill", data).json()
+    assert out["dyncomplete"]["stopped_by"] == "time_limit" and out["stop_type"] == "limit"
+    assert out["content"].strip() and "\n" not in out["content"].strip()
+
+
+def test_qwen_fills_the_middle_for_every_client(qwen_server):
+    for name in ("llama_vscode_infill.json", "llama_vim_infill.json"):
+        # the middle (the repository context makes it a `return` of the value), then the guards
+        # end it: n_indent 4 cuts what Qwen writes next at column 0
+        out = post(qwen_server, "/infill", body(name)).json()
+        content = out["content"]
+        assert "2 * math.pi * r" in content and "return circumference" not in content, (name, content)
+        assert "def " not in content and content.strip().count("\n") == 0
+        assert out["dyncomplete"]["fim"] is True and out["dyncomplete"]["context_chunks"] == 1
+    show = post(qwen_server, "/api/show", body("continue_ollama_show.json")).json()
+    assert ".Suffix" in show["template"]
+    lines = ndjson(post(qwen_server, "/api/generate", body("continue_ollama_generate.json")))
+    text = "".join(line["response"] for line in lines)
+    assert MIDDLE in text and "return" not in text and lines[-1]["dyncomplete"]["stopped_by"] == "suffix_repeat"
+    api = openai.OpenAI(base_url=f"{qwen_server}/v1", api_key=SERVE_KEY, timeout=300, max_retries=0)
+    prefix, suffix = "import math\n\ndef circle(r):\n    ", "\n    return circumference\n"
+    guarded = api.completions.create(model=QWEN, prompt=prefix, suffix=suffix, max_tokens=48,
+                                     extra_body={"editor_guards": True})
+    assert MIDDLE in guarded.choices[0].text and "return" not in guarded.choices[0].text
+    assert guarded.choices[0].finish_reason == "stop"
+    plain = api.completions.create(model=QWEN, prompt=prefix, suffix=suffix, max_tokens=16)
+    assert plain.choices[0].text.startswith(guarded.choices[0].text)  # /v1/completions unchanged without guards
