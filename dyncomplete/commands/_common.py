@@ -7,8 +7,14 @@ import sys
 from ..models import DEFAULT_MODEL
 
 
-def add_model_options(parser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="alias, local HF directory or .gguf path")
+# `serve` and `complete` fill the middle between prefix and suffix, which needs a FIM code model
+# (SmolLM2, the default elsewhere, has no FIM tokens and ignores the suffix).
+EDITOR_MODEL = "qwen2.5-coder-0.5b"
+
+
+def add_model_options(parser, default: str = DEFAULT_MODEL) -> None:
+    parser.add_argument("--model", default=default,
+                        help=f"alias, local HF directory or .gguf path (default: {default})")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="auto: bfloat16 where the CPU computes it natively, else float32")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")

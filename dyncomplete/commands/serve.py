@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ._common import add_model_options, load_from_args
+from ._common import EDITOR_MODEL, add_model_options, load_from_args
 
 
 def read_api_key(args) -> str | None:
@@ -74,7 +74,7 @@ def positive(kind):
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve completions over HTTP (OpenAI /v1/completions) with a web page")
-    add_model_options(p)
+    add_model_options(p, EDITOR_MODEL)
     p.add_argument("--method", default="baseline", help="default decoding method (always allowed)")
     p.add_argument("--methods", default=None,
                    help="comma-separated methods a request may pick besides --method, all built at start "
