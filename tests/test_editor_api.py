@@ -111,6 +111,7 @@ def test_continue_ollama_provider(smol_server):
     assert [m["name"] for m in tags["models"]] == [SMOL]
     assert httpx.get(f"{smol_server}/api/version", headers=HEADERS, timeout=30).json()["version"]
     request = body("continue_ollama_generate.json", model=ollama_name(SMOL))
+    request["options"]["seed"] = 7  # temperature 0.01 samples: a seed makes the stream and the whole answer comparable
     r = post(smol_server, "/api/generate", request)
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
     lines = ndjson(r)
@@ -167,6 +168,8 @@ def test_qwen_fills_the_middle_for_every_client(qwen_server):
     lines = ndjson(post(qwen_server, "/api/generate", body("continue_ollama_generate.json")))
     text = "".join(line["response"] for line in lines)
     assert MIDDLE in text and "return" not in text and lines[-1]["dyncomplete"]["stopped_by"] == "suffix_repeat"
+    loose = post(qwen_server, "/infill", body("llama_vim_infill.json", editor_guards=False)).json()
+    assert loose["dyncomplete"]["stopped_by"] in ("indent", "time_limit", "max_tokens")  # llama.cpp's rules only
     api = openai.OpenAI(base_url=f"{qwen_server}/v1", api_key=SERVE_KEY, timeout=300, max_retries=0)
     prefix, suffix = "import math\n\ndef circle(r):\n    ", "\n    return circumference\n"
     guarded = api.completions.create(model=QWEN, prompt=prefix, suffix=suffix, max_tokens=48,

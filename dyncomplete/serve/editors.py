@@ -55,9 +55,11 @@ def _extra(obj: dict) -> RepoContext | None:
 
 
 def _guards(obj: dict, prefix: str, suffix: str, time_limit_ms: int = 0, n_indent: int = 0) -> EditorGuards | None:
-    if not typed(obj, "editor_guards", (bool,), "a boolean", True):
-        return None
-    return EditorGuards.for_cursor(prefix, suffix, time_limit_ms / 1000 if time_limit_ms > 0 else None, n_indent)
+    """All the guards, or with `"editor_guards": false` only llama.cpp's own (time cap, n_indent)."""
+    limit = time_limit_ms / 1000 if time_limit_ms > 0 else None
+    if typed(obj, "editor_guards", (bool,), "a boolean", True):
+        return EditorGuards.for_cursor(prefix, suffix, limit, n_indent)
+    return EditorGuards(limit, n_indent) if limit or n_indent else None
 
 
 def cursor_indent(input_prefix: str, input_suffix: str, n_indent: int) -> str:
