@@ -70,3 +70,12 @@ def test_cross_file_examples_start_with_a_name_from_another_file_and_never_see_t
         assert e["gt"].lstrip().startswith(e["cross_file_name"]) and e["defined_in"] != e["path"]
         assert e["extra"] and all(x["filename"] != e["path"] for x in e["extra"])
     assert build_cross_file(root, 40, seed=0) == examples
+
+
+def test_infill_chunks_are_laid_out_in_the_order_sent_as_llama_cpp_does(smollm):
+    from dyncomplete.serve.editors import _extra
+
+    sent = [{"filename": "first.py", "text": "a = 1"}, {"filename": "last.py", "text": "b = 2"}]
+    prompt = build_prompt(smollm.tokenizer, PREFIX, budget=1024, context=_extra({"input_extra": sent}))
+    text = smollm.tokenizer.decode(prompt.ids)
+    assert prompt.context_chunks == 2 and text.index("first.py") < text.index("last.py") < text.index("from .models")

@@ -51,7 +51,9 @@ def _extra(obj: dict) -> RepoContext | None:
                 or not isinstance(chunk.get("filename", ""), str):
             raise ApiError(400, f"input_extra[{i}] must be an object with a string text and filename", "input_extra")
         check_text(chunk["text"], "input_extra")
-    return RepoContext.from_records(extra) if extra else None
+    # llama.cpp lays the chunks out in the order sent, the last next to the file, and keeps the
+    # last ones when space is short; RepoContext wants the most important first
+    return RepoContext.from_records(extra[::-1]) if extra else None
 
 
 def _guards(obj: dict, prefix: str, suffix: str, time_limit_ms: int = 0, n_indent: int = 0) -> EditorGuards | None:

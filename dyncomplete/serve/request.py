@@ -177,7 +177,7 @@ def clip_prompt(prefix: str, suffix: str | None, budget: int) -> tuple[str, str 
 
 
 def clip_context(context: RepoContext | None, budget: int) -> RepoContext | None:
-    """Repository context cut by characters like the prompt: chunks in the editor's order while
+    """Repository context cut by characters like the prompt: chunks, most important first, while
     they fit in half the budget's characters (the prompt builder gives context at most half the
     budget), so a body full of `input_extra` is never tokenised whole."""
     if context is None:
