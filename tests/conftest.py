@@ -31,7 +31,7 @@ def smollm_bf16():
 
 @pytest.fixture(scope="session")
 def qwen05():
-    """Qwen2.5-Coder-0.5B in float32 where its packages are installed (not by install.sh: 0.5 GB)."""
+    """Qwen2.5-Coder-0.5B in float32 where its packages are installed (install.sh installs them)."""
     from dyncomplete.models import REGISTRY
 
     if not REGISTRY["qwen2.5-coder-0.5b"].installed():
