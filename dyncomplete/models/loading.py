@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -146,14 +145,13 @@ def _check_finite(folder: Path, name: str, fix: str) -> None:
             raise ModelError(f"corrupt or unreadable weights for {name!r} in {path}: {exc} ({fix})") from exc
 
 
-def prepare_registered(alias: str, progress=print, check: bool = True) -> Path:
-    """Make sure the cached safetensors copy of a registered model exists and (`check`) matches
-    the digest recorded at its conversion; return its directory."""
+def prepare_registered(alias: str, progress=print) -> Path:
+    """Make sure the cached safetensors copy of a registered model exists and matches the digest
+    recorded at its conversion; return its directory."""
     spec = lookup(alias)
     target = cached_dir(alias)
     if (target / "config.json").is_file():
-        if check:
-            check_cached(target, alias, progress)
+        check_cached(target, alias, progress)
         return target
     if not spec.installed():
         raise ModelError(f"model {alias!r} is not installed: run `{spec.install_command()}`")
@@ -208,7 +206,7 @@ def registered_gguf(alias: str, progress=print) -> Path:
     return target
 
 
-def prepare_gguf_path(path: Path, progress=print, check: bool = True) -> Path:
+def prepare_gguf_path(path: Path, progress=print) -> Path:
     if not path.is_file():
         raise ModelError(f"no such GGUF file: {path}")
     digest = sha256_of(path)
@@ -216,19 +214,18 @@ def prepare_gguf_path(path: Path, progress=print, check: bool = True) -> Path:
     if not (target / "config.json").is_file():
         progress(f"converting {path} to safetensors in {target} (once) ...")
         convert_gguf(path, target)
-    elif check:
+    else:
         check_cached(target, str(path), progress)
     return target
 
 
-def resolve(name: str, progress=print, check: bool = True) -> tuple[str, str | None]:
-    """Map a model name to something `from_pretrained` loads, and the pinned source hash if any.
-    `check`: check a converted copy in the cache against its digest (`load` does it itself)."""
+def resolve(name: str, progress=print) -> tuple[str, str | None]:
+    """Map a model name to something `from_pretrained` loads, and the pinned source hash if any."""
     if name in REGISTRY:
-        return str(prepare_registered(name, progress, check)), REGISTRY[name].sha256
+        return str(prepare_registered(name, progress)), REGISTRY[name].sha256
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
-        return str(prepare_gguf_path(path, progress, check)), None
+        return str(prepare_gguf_path(path, progress)), None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not a Hugging Face model directory (no config.json)")
@@ -246,22 +243,11 @@ def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, qu
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
-    source, sha = resolve(name, progress, check=False)
-    converted = Path(source) if name in REGISTRY or name.endswith(".gguf") else None
+    source, sha = resolve(name, progress)  # a converted copy is checked against its digest here
     torch_dtype = resolve_dtype(dtype, device)
     try:
-        # the digest check (about 0.35 s for SmolLM2) runs on a second thread while the weights
-        # load (hashlib releases the GIL); nothing is returned before it passed
-        with ThreadPoolExecutor(1) as pool:
-            verified = pool.submit(check_cached, converted, name, progress) if converted else None
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(source)
-                model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype).to(device)
-            finally:
-                if verified is not None:
-                    verified.result()  # a digest mismatch is the error to report, also for a failed load
-    except ModelError:
-        raise
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype).to(device)
     except OSError as exc:
         hint = f"delete {source} and run again to reconvert" if name in REGISTRY else "check the path or id"
         raise ModelError(f"cannot load model {name!r} from {source}: {str(exc).splitlines()[0]} ({hint})") from exc
