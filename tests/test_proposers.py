@@ -11,8 +11,7 @@ from dyncomplete.exits.heads import lens_heads
 
 def lookup_on(context: list[int], **kwargs) -> tuple[LookupProposer, list[int]]:
     """A lookup proposer over plain integer token ids (it needs no model)."""
-    lookup = LookupProposer(**kwargs)
-    lookup.begin(None, context, GenerationParams(), None, Stats())
+    lookup = LookupProposer(**kwargs).begin(None, context, GenerationParams(), None, Stats())
     return lookup, lookup.propose(None, None, context, len(context) - 1).tokens
 
 
@@ -46,7 +45,7 @@ def test_lookup_on_real_code(smollm):
 
 
 def test_lookup_length_follows_acceptance():
-    lookup = LookupProposer(max_draft=10)
+    lookup = LookupProposer(max_draft=10).begin(None, [1, 2, 3], GenerationParams(), None, Stats())
     for _ in range(60):
         lookup.trackers[2].update(10, 10)
         lookup.trackers[1].update(10, 0)
@@ -86,10 +85,32 @@ def test_self_draft_keeps_shallow_kv_and_uses_a_shortlist(smollm):
     smollm.forward(torch.tensor(ids[:-1]), cache)
     stats = Stats()
     proposer = SelfDraftProposer(lens_heads(smollm, [20]), 20, max_draft=3, shortlist=1000)
-    proposer.begin(smollm, ids, GenerationParams(), None, stats)
+    proposer = proposer.begin(smollm, ids, GenerationParams(), None, stats)
     with torch.inference_mode():
         draft = proposer.propose(smollm, cache, ids, len(ids) - 1)
     assert len(draft.tokens) == 3 and draft.hidden.shape == (1, 4, smollm.hidden_size)
     assert all(t < 1000 or t in ids for t in draft.tokens)
     assert cache.lengths[:20] == [len(ids) + 3] * 20 and cache.lengths[20:] == [len(ids) - 1] * 10
     assert stats.layer_evals == 4 * 20 and stats.extra_macs >= 3 * 1000 * smollm.hidden_size
+
+
+def test_begin_leaves_the_template_untouched_and_each_request_starts_from_the_priors():
+    """A request's index and acceptance statistics live on its own copy: the method object a
+    server keeps never changes, and nothing one request saw reaches the next."""
+    template = LookupProposer(max_draft=10)
+    before = dict(vars(template))
+    first = template.begin(None, [1, 2, 3, 1, 2], GenerationParams(), None, Stats())
+    for _ in range(20):
+        first.trackers[2].update(10, 0)
+    second = template.begin(None, [1, 2, 3, 1, 2], GenerationParams(), None, Stats())
+    assert vars(template) == before and first is not template and second is not first
+    assert second.trackers[2].rates() == AcceptanceTracker(10).rates()
+    assert second.trackers[2].rates() != first.trackers[2].rates()
+
+
+def test_exit_layer_controller_fresh_forgets_what_it_saw():
+    controller = ExitLayerController({10: 0.4, 20: 0.7}, max_len=6, priors={10: 0.9})
+    controller.update(10, 6, 0)
+    fresh = controller.fresh()
+    assert fresh.trackers[10].rates() == ExitLayerController({10: 0.4, 20: 0.7}, 6, priors={10: 0.9}).trackers[10].rates()
+    assert fresh.trackers[10].rates() != controller.trackers[10].rates()

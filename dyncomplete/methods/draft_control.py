@@ -98,6 +98,10 @@ class ExitLayerController:
         self.priors = priors or {}
         self.reset()
 
+    def fresh(self) -> "ExitLayerController":
+        """A controller with the same costs and priors and nothing observed yet."""
+        return ExitLayerController(self.costs, self.max_len, self.explore, self.priors)
+
     def reset(self) -> None:
         """Forget what was observed: back to the priors."""
         prior = lambda e: (4 * self.priors.get(e, 0.5), 4 * (1 - self.priors.get(e, 0.5)))  # noqa: E731

@@ -19,6 +19,8 @@ arithmetic go to `extra_macs`.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from ..energy.work import layer_macs
@@ -48,24 +50,27 @@ class EarlyExit(DecodingMethod):
         stats.count_full_steps(1, model.num_layers)  # the prefill's last position gave the first token
         position, layers = len(prompt_ids), model.num_layers
         pending: list[tuple[int, torch.Tensor]] = []
+        policy = copy.copy(self.policy)  # a policy may keep state along a token (saturation): one per request
         while True:
             token = choose_token(logits, emitter.params, generator)
             if emitter.emit(token, layers, "full" if layers == model.num_layers else "exit"):
                 break
-            logits, layers, pending = self.step(model, token, position, cache, pending, stats)
+            logits, layers, pending = self.step(model, token, position, cache, pending, stats, policy)
             position += 1
         cache.crop(min(cache.lengths))  # leave every layer equally long for whoever reuses it
 
-    def step(self, model, token, position, cache, pending, stats):
+    def step(self, model, token, position, cache, pending, stats, policy: ExitPolicy | None = None):
         """Run one token until it exits. `pending` holds (resume layer, hidden (1, 1, d)) for the
         exited positions right before `position` that still lack layers resume..L-1; resume
         layers never increase along positions, so the positions missing at a layer are a suffix.
+        `policy`: the request's copy of the exit policy (default: the method's own).
         Returns (logits, layers run, pending)."""
+        policy = policy or self.policy
         first = position - len(pending)
         start = position  # first position in the running batch
         ctx = model.context(torch.tensor([position]))
         h = model.embed(torch.tensor([token]), ctx)
-        self.policy.reset()
+        policy.reset()
         for j in range(model.num_layers):
             joined = []
             while start > first and pending[start - first - 1][0] == j:
@@ -79,9 +84,9 @@ class EarlyExit(DecodingMethod):
             stats.layer_evals += h.shape[1]
             e = j + 1
             if e in self.exits and e < model.num_layers:
-                logits = self._exit_logits(model, e, h, stats) if self.policy.needs_logits else None
-                stats.extra_macs += self.policy.decision_macs()
-                if self.policy.decide(e, h[0, -1], logits):
+                logits = self._exit_logits(model, e, h, stats) if policy.needs_logits else None
+                stats.extra_macs += policy.decision_macs()
+                if policy.decide(e, h[0, -1], logits):
                     if logits is None:
                         logits = self._exit_logits(model, e, h, stats)
                     if self.kv == "propagate":

@@ -56,6 +56,7 @@ steps of 1024). Token healing is not supported.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -125,6 +126,7 @@ class LlamaCpp(DecodingMethod):
         self.threads = 0
         self.fed: list[int] = []  # tokens of each Llama.eval call in the current generate
         self.yielded: list[int] = []  # tokens yielded after each of those calls
+        self.lock = threading.Lock()  # one Llama object, one KV state: concurrent requests take turns
 
     def _llama(self, model, needed: int):
         """The cached Llama object, (re)loaded when the model, thread count or context changed."""
@@ -184,6 +186,10 @@ class LlamaCpp(DecodingMethod):
         return dict(temp=params.temperature, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, **neutral)
 
     def generate(self, model, prompt_ids, params, cache=None, on_text=None, cancelled=None) -> Completion:
+        with self.lock:
+            return self._generate(model, prompt_ids, params, on_text, cancelled)
+
+    def _generate(self, model, prompt_ids, params, on_text, cancelled) -> Completion:
         if not prompt_ids:
             raise ValueError("empty prompt: nothing to complete")
         if params.token_healing:

@@ -8,12 +8,17 @@
 - `DraftModelProposer`: a separate smaller model with the same tokenizer and its own cache.
 - `LookupThenSelf`: n-gram drafts where the context has a match, self-drafts otherwise.
 
-The decode loop calls `begin` once per request, then per step `propose` (the context is prompt +
+The decode loop calls `begin` once per request: it returns a copy of the proposer that holds that
+request's state (index, shortlist, draft cache, acceptance statistics), so the method object a
+server keeps is never changed by a request: it serves concurrent requests, and no request's
+statistics reach another. Per step the loop calls that copy's `propose` (the context is prompt +
 emitted tokens; its last token sits at `position` and is not in the cache yet) and `feedback`.
 Work done while drafting is added to the request's `Stats` here.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -29,7 +34,14 @@ PROBE_EVERY = 4  # a match whose drafts do not pay still drafts one token every 
 class Proposer:
     name = "proposer"
 
-    def begin(self, model, prompt_ids: list[int], params, generator, stats) -> None:
+    def begin(self, model, prompt_ids: list[int], params, generator, stats) -> "Proposer":
+        """The proposer for one request: a shallow copy of this one, started on the request."""
+        run = copy.copy(self)
+        run.start(model, prompt_ids, params, generator, stats)
+        return run
+
+    def start(self, model, prompt_ids: list[int], params, generator, stats) -> None:
+        """Set up one request's state (called on the copy that `begin` made)."""
         self.params, self.generator, self.stats = params, generator, stats
 
     def propose(self, model, cache, context: list[int], position: int) -> Draft:
@@ -37,9 +49,6 @@ class Proposer:
 
     def feedback(self, draft: Draft, accepted: int) -> None:
         """How many of the draft's tokens verification accepted."""
-
-    def reset(self) -> None:
-        """Forget the acceptance statistics kept across requests."""
 
 
 class LookupProposer(Proposer):
@@ -53,14 +62,11 @@ class LookupProposer(Proposer):
         self.max_draft = max_draft
         self.sizes = list(range(max_ngram, min_ngram - 1, -1))
         self.verify_cost = verify_cost
-        self.reset()
 
-    def reset(self):
-        self.trackers = {n: AcceptanceTracker(self.max_draft) for n in self.sizes}  # kept across requests
+    def start(self, model, prompt_ids, params, generator, stats):
+        super().start(model, prompt_ids, params, generator, stats)
+        self.trackers = {n: AcceptanceTracker(self.max_draft) for n in self.sizes}  # this request's evidence
         self.unprofitable = {n: 0 for n in self.sizes}
-
-    def begin(self, model, prompt_ids, params, generator, stats):
-        super().begin(model, prompt_ids, params, generator, stats)
         self.index: dict[tuple, int] = {}  # n-gram -> index of the token that followed it (latest)
         self.indexed = 1
         self.matched = 0
@@ -115,8 +121,10 @@ class SelfDraftProposer(Proposer):
         self.controller = controller
         self.shortlist_size = shortlist
 
-    def begin(self, model, prompt_ids, params, generator, stats):
-        super().begin(model, prompt_ids, params, generator, stats)
+    def start(self, model, prompt_ids, params, generator, stats):
+        super().start(model, prompt_ids, params, generator, stats)
+        if self.controller is not None:
+            self.controller = self.controller.fresh()  # from the priors: this request's evidence only
         base = range(min(self.shortlist_size, model.vocab_size))
         self.in_list = set(base)
         self.ids = list(base)
@@ -166,10 +174,6 @@ class SelfDraftProposer(Proposer):
         if self.controller is not None:
             self.controller.update(draft.start_layer, len(draft.tokens), accepted)
 
-    def reset(self):
-        if self.controller is not None:
-            self.controller.reset()
-
 
 def self_draft_costs(model, heads, shortlist: int, verify_cost: float = VERIFY_COST) -> dict[int, float]:
     """Work of self-drafting one token from each exit layer, relative to one full decode step:
@@ -193,9 +197,9 @@ class DraftModelProposer(Proposer):
         self.token_macs = draft_model.num_layers * layer_macs(draft_model)
         self.head_macs = head_macs(draft_model)
 
-    def begin(self, model, prompt_ids, params, generator, stats):
+    def start(self, model, prompt_ids, params, generator, stats):
         """The draft model's own prompt pass (prefill work, timed as such by `prepare`)."""
-        super().begin(model, prompt_ids, params, generator, stats)
+        super().start(model, prompt_ids, params, generator, stats)
         self.cache = self.draft.new_cache()
         self._run(list(prompt_ids), 0)  # its logits go unused: drafts start after the first token
         self.seen = list(prompt_ids)
@@ -233,9 +237,11 @@ class LookupThenSelf(Proposer):
         self.lookup, self.self_draft = lookup, self_draft
         self.used: Proposer = lookup
 
-    def begin(self, model, prompt_ids, params, generator, stats):
-        self.lookup.begin(model, prompt_ids, params, generator, stats)
-        self.self_draft.begin(model, prompt_ids, params, generator, stats)
+    def start(self, model, prompt_ids, params, generator, stats):
+        super().start(model, prompt_ids, params, generator, stats)
+        self.lookup = self.lookup.begin(model, prompt_ids, params, generator, stats)
+        self.self_draft = self.self_draft.begin(model, prompt_ids, params, generator, stats)
+        self.used = self.lookup
 
     def propose(self, model, cache, context, position):
         draft = self.lookup.propose(model, cache, context, position)
@@ -247,7 +253,3 @@ class LookupThenSelf(Proposer):
 
     def feedback(self, draft, accepted):
         self.used.feedback(draft, accepted)
-
-    def reset(self):
-        self.lookup.reset()
-        self.self_draft.reset()

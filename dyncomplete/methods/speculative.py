@@ -17,6 +17,8 @@ Method names (parsed by `registry.parse_method`):
 
 from __future__ import annotations
 
+import threading
+
 from ..engine import DecodingMethod
 from ..engine.sampling import choose_token
 from ..exits.heads import load_heads
@@ -35,32 +37,37 @@ DEFAULT_SHORTLIST = 4096
 
 
 class SpeculativeDecoding(DecodingMethod):
+    """`proposer` is a template that requests never change: each request drafts with its own
+    copy (`Proposer.begin`), started in `prepare` and used in `decode`, which `generate` runs on
+    the calling thread. So one object serves concurrent requests, and every request starts from
+    the same priors: the same request gives the same drafts, statistics and (seeded) sample."""
+
     def __init__(self, proposer: Proposer):
         self.proposer = proposer
+        self._request = threading.local()  # the running request's proposer, per thread
 
     def prepare(self, model, prompt_ids, params, generator, stats):
-        if params.temperature > 0 and params.seed is not None:
-            # draft lengths decide how the seeded random stream is consumed: a seeded request
-            # starts from the priors, so that sending it again gives the same sample
-            self.proposer.reset()
-        self.proposer.begin(model, prompt_ids, params, generator, stats)
+        self._request.proposer = self.proposer.begin(model, prompt_ids, params, generator, stats)
 
     def decode(self, model, prompt_ids, logits, cache, emitter, generator):
+        proposer, self._request.proposer = getattr(self._request, "proposer", None), None
+        if proposer is None:
+            raise RuntimeError("SpeculativeDecoding.decode without prepare: call generate()")
         stats, params, depth = emitter.stats, emitter.params, model.num_layers
         token = choose_token(logits, params, generator)
         stats.count_full_steps(1, depth)  # the prompt pass's last position
         if emitter.emit(token, depth, "full"):
             return
         try:
-            self._steps(model, prompt_ids, token, cache, emitter, generator)
+            self._steps(proposer, model, prompt_ids, token, cache, emitter, generator)
         finally:  # keep only real tokens: a caller may reuse the cache as a prefix cache
             cache.crop(len(prompt_ids) + len(emitter.ids))
 
-    def _steps(self, model, prompt_ids, token, cache, emitter, generator):
+    def _steps(self, proposer, model, prompt_ids, token, cache, emitter, generator):
         stats, params, depth = emitter.stats, emitter.params, model.num_layers
         context, position = list(prompt_ids) + [token], len(prompt_ids)
         while True:
-            draft = self.proposer.propose(model, cache, context, position)
+            draft = proposer.propose(model, cache, context, position)
             k = len(draft.tokens)
             logits = score(model, cache, context[-1], draft, position)
             stats.layer_evals += (k + 1) * (depth - draft.start_layer)
@@ -68,7 +75,7 @@ class SpeculativeDecoding(DecodingMethod):
             accepted, next_token = accept(logits, draft, params, generator)
             stats.record_draft(k, accepted)
             cache.crop(position + accepted + 1)
-            self.proposer.feedback(draft, accepted)
+            proposer.feedback(draft, accepted)
             emitted = draft.tokens[:accepted] + [next_token]
             for i, t in enumerate(emitted):
                 if emitter.emit(t, depth, "draft" if i < accepted else "bonus"):
