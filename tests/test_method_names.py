@@ -65,9 +65,9 @@ def test_every_family_names_an_importable_module():
 def test_the_server_refuses_a_bad_method_before_queueing():
     body = {"model": "m", "prompt": "x = ", "method": "early-exit:confidence/bogus@0.9"}
     with pytest.raises(ApiError) as refused:
-        parse_completion(body, "m", "baseline", 64)
+        parse_completion(body, "m", ["baseline"], 64)
     assert refused.value.status == 400 and refused.value.param == "method" and "use early-exit" in refused.value.message
-    ok = parse_completion({**body, "method": "lookup+stop:0.8"}, "m", "baseline", 64)
+    ok = parse_completion({**body, "method": "lookup+stop:0.8"}, "m", ["baseline", "lookup+stop:0.8"], 64)
     assert ok.method == "lookup+stop:0.8"
 
 
