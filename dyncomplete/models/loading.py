@@ -154,7 +154,7 @@ def prepare_registered(alias: str, progress=print) -> Path:
         check_cached(target, alias, progress)
         return target
     if not spec.installed():
-        raise ModelError(f"model {alias!r} is not installed: run `{spec.install_command()}`")
+        raise ModelError(f"model {alias!r} is not installed: run `dyncomplete install {alias}`")
     work = cache_root() / "tmp"
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work) as tmp:
@@ -187,7 +187,7 @@ def registered_gguf(alias: str, progress=print) -> Path:
     target = cache_root() / "gguf" / f"{alias}.gguf"
     if not target.is_file():
         if not spec.installed():
-            raise ModelError(f"model {alias!r} is not installed: run `{spec.install_command()}`")
+            raise ModelError(f"model {alias!r} is not installed: run `dyncomplete install {alias}`")
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{alias}.", suffix=".gguf", dir=target.parent)
         os.close(fd)

