@@ -64,6 +64,7 @@ class Package:
         self.root = Path(root).resolve()
         self.name = self.root.name
         self.texts, self.trees, self.files_of_module = {}, {}, {}
+        self._top_level, self._imports, self._windows = {}, {}, {}  # per file, computed once
         for path in source_files(self.root, lang="python"):
             rel = path.relative_to(self.root).as_posix()
             text = path.read_text(encoding="utf-8", errors="replace")
@@ -75,6 +76,11 @@ class Package:
             self.files_of_module[module_of(rel)] = rel
 
     def top_level(self, rel: str) -> dict[str, ast.AST]:
+        if rel not in self._top_level:
+            self._top_level[rel] = self._find_top_level(rel)
+        return self._top_level[rel]
+
+    def _find_top_level(self, rel: str) -> dict[str, ast.AST]:
         found = {}
         for node in self.trees[rel].body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -88,6 +94,11 @@ class Package:
     def imports(self, rel: str) -> dict[str, tuple[str, str, int]]:
         """Local name -> (source file, name there, line of the import) for every name imported
         from a module of the package."""
+        if rel not in self._imports:
+            self._imports[rel] = self._find_imports(rel)
+        return self._imports[rel]
+
+    def _find_imports(self, rel: str) -> dict[str, tuple[str, str, int]]:
         out = {}
         for node in ast.walk(self.trees[rel]):
             if isinstance(node, ast.ImportFrom):
@@ -110,6 +121,11 @@ class Package:
                 return None
             rel, name = hop[0], hop[1]
         return None
+
+    def windows(self, rel: str) -> list[Chunk]:
+        if rel not in self._windows:
+            self._windows[rel] = windows(f"{self.name}/{rel}", self.texts[rel])
+        return self._windows[rel]
 
     def snippet(self, rel: str, node: ast.AST) -> str:
         lines = self.texts[rel].splitlines()
@@ -158,8 +174,7 @@ def repo_context(package: Package, rel: str, before: str) -> list[dict]:
         found = package.definition(source, original)
         if found is not None and found[0] != rel:
             defs.append(Chunk(f"{package.name}/{found[0]}", package.snippet(*found)))
-    others = [w for other, text in package.texts.items() if other != rel
-              for w in windows(f"{package.name}/{other}", text)]
+    others = [w for other in package.texts if other != rel for w in package.windows(other)]
     chosen = rank_chunks(before, defs, DEFINITIONS_KEPT) + rank_chunks(before, others, WINDOWS_KEPT)
     return [{"filename": c.filename, "text": c.text} for c in chosen]
 

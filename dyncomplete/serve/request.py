@@ -201,7 +201,7 @@ def parse_completion(obj: dict, model_name: str, methods: Sequence[str], max_tok
                        "model_not_found")
     for key, allowed in NEUTRAL.items():
         if key in obj and obj[key] not in allowed:
-            raise ApiError(400, f"{key}={json.dumps(obj[key])[:40]} is not supported (only {allowed[1]!r})", key)
+            raise ApiError(400, f"{key}={shown(obj[key])} is not supported (only {allowed[1]!r})", key)
     prefix = _prompt(obj)
     suffix = typed(obj, "suffix", (str,), "a string")
     if suffix is not None:
