@@ -4,6 +4,7 @@ int4), and lossless speculative decoding on quantized weights."""
 
 import glob
 import json
+import time
 
 import pytest
 import torch
@@ -179,9 +180,29 @@ def test_quantization_needs_the_fast_engine():
         LayeredModel(tiny_model("gpt2"), quant="int8")
 
 
-def test_an_extra_verified_position_costs_more_on_quantized_weights(quantized, smollm_bf16):
-    # the weight-only kernels are compute-bound on several rows; bfloat16 products are not
-    assert measure_verify_cost(quantized) > 2 * measure_verify_cost(smollm_bf16)
+class TimedModel:
+    """A stand-in whose pass over k positions takes (FIXED + k * PER_POSITION) seconds: the cost
+    measure must recover PER_POSITION / (FIXED + PER_POSITION) whatever the hardware. (How much
+    more an extra position costs in int8/int4 than in bfloat16 depends on the CPU: 3x here,
+    1.9x on the CI machine, so no test asserts a ratio between formats.)"""
+
+    FIXED, PER_POSITION = 0.004, 0.002
+    vocab_size = 1000
+
+    class Cache:
+        def crop(self, length):
+            pass
+
+    def new_cache(self):
+        return self.Cache()
+
+    def forward(self, ids, cache, last_only=True):
+        time.sleep(self.FIXED + len(ids) * self.PER_POSITION)
+
+
+def test_verify_cost_is_the_extra_time_per_position_over_a_one_token_pass():
+    want = TimedModel.PER_POSITION / (TimedModel.FIXED + TimedModel.PER_POSITION)
+    assert measure_verify_cost(TimedModel()) == pytest.approx(want, rel=0.15)
 
 
 def test_lookup_drafts_with_the_verify_cost_measured_for_its_model(smollm_bf16, tmp_path, monkeypatch):
