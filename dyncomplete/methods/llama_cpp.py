@@ -3,7 +3,7 @@ quantised as published, run by the usual CPU engine for local models.
 
 Names: `llama-cpp` (greedy decoding) and `llama-cpp:prompt-lookup` (llama-cpp-python's
 `LlamaPromptLookupDecoding` draft model with `num_pred_tokens=10` and `max_ngram_size=2`, the
-values of HF's prompt lookup). Needs the `reference` extra: `pip install 'dyncomplete[reference]'`.
+values of HF's prompt lookup). Needs the `reference` extra: `bash install-reference.sh` (see it for why not AMX).
 
 What is the same as every other method:
 - the prompt: the method gets our tokenizer's ids and hands them to llama.cpp as they are (no
@@ -68,7 +68,8 @@ from ..models import REGISTRY, registered_gguf
 PROMPT_LOOKUP_TOKENS = 10  # as hf-generate:prompt-lookup
 PROMPT_LOOKUP_NGRAM = 2  # HF's max_matching_ngram_size default
 MIN_CONTEXT = 4096
-MISSING_EXTRA = "llama-cpp needs llama-cpp-python: pip install 'dyncomplete[reference]'"
+MISSING_EXTRA = ("llama-cpp needs llama-cpp-python: bash install-reference.sh in a checkout "
+                 "(or pip install 'dyncomplete[reference]' on a CPU without AMX)")
 
 
 def import_llama_cpp():
