@@ -183,7 +183,7 @@ def test_quantization_needs_the_fast_engine():
 class TimedModel:
     """A stand-in whose pass over k positions takes (FIXED + k * PER_POSITION) seconds: the cost
     measure must recover PER_POSITION / (FIXED + PER_POSITION) whatever the hardware. (How much
-    more an extra position costs in int8/int4 than in bfloat16 depends on the CPU: 3x here,
+    more an extra position costs in int8/int4 than in bfloat16 depends on the CPU: 3x on an AMD EPYC,
     1.9x on the CI machine, so no test asserts a ratio between formats.)"""
 
     FIXED, PER_POSITION = 0.004, 0.002
