@@ -147,13 +147,14 @@ def test_a_run_refuses_results_of_another_weight_format(tmp_path):
         check_run(tmp_path, config)
 
 
-def test_a_run_refuses_results_with_the_other_repository_context_setting(tmp_path):
+@pytest.mark.parametrize("key", ["repo_context", "editor_guards"])
+def test_a_run_refuses_results_with_the_other_context_or_guards_setting(tmp_path, key):
     from dyncomplete.bench.runner import check_run
 
-    config = {"model": "m", "dataset": "x.jsonl", "dtype": "bfloat16", "quant": "int4", "repo_context": "off"}
+    config = {"model": "m", "dataset": "x.jsonl", "dtype": "bfloat16", "quant": "int4", key: "off"}
     check_run(tmp_path, config)
-    with pytest.raises(ValueError, match="holds a run with repo_context 'off', not 'on'"):
-        check_run(tmp_path, {**config, "repo_context": "on"})
+    with pytest.raises(ValueError, match=f"holds a run with {key} 'off', not 'on'"):
+        check_run(tmp_path, {**config, key: "on"})
 
 
 def test_hf_prompt_lookup_counts_drafts_and_matches_baseline(smollm):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..data.datasets import Dataset, program
 from ..engine import Stats, build_prompt
+from ..engine.guards import EditorGuards
 from ..engine.repo_context import RepoContext
 from ..methods import make_method
 from .bandwidth import weight_bytes
@@ -43,16 +44,16 @@ def read_results(out: Path) -> list[dict]:
     return records
 
 
-RUN_DEFAULTS = {"quant": "none", "repo_context": "on"}  # keys older run.json files lack
+RUN_DEFAULTS = {"quant": "none", "repo_context": "on", "editor_guards": "off"}  # keys older run.json files lack
 
 
 def check_run(out: Path, config: dict) -> None:
-    """Refuse to mix the results of a different model, dataset, dtype, weight format or
-    repository-context setting into one folder (runs from before a key existed had its default)."""
+    """Refuse to mix the results of a different model, dataset, dtype, weight format,
+    repository-context or editor-guards setting into one folder (runs from before a key existed had its default)."""
     path = out / RUN_FILE
     if path.is_file():
         before = {**RUN_DEFAULTS, **json.loads(path.read_text())}
-        for key in ("model", "dataset", "dtype", "quant", "repo_context"):
+        for key in ("model", "dataset", "dtype", "quant", "repo_context", "editor_guards"):
             now = config.get(key, RUN_DEFAULTS.get(key))
             if before.get(key) != now:
                 raise ValueError(f"{out} holds a run with {key} {before.get(key)!r}, not {now!r}: use another --out")
@@ -93,8 +94,10 @@ def record_of(example, name, completion, prompt, measurement, model, has_tests, 
 
 
 def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter, config: dict,
-              context_budget: int = 1024, progress: bool = True, repo_context: bool = True) -> list[dict]:
-    """Run what examples.jsonl lacks; return every result of these methods on these examples."""
+              context_budget: int = 1024, progress: bool = True, repo_context: bool = True,
+              editor_guards: bool = False) -> list[dict]:
+    """Run what examples.jsonl lacks; return every result of these methods on these examples.
+    `editor_guards`: each completion ends where the server's guards for that cursor end it."""
     out = Path(out)
     if dataset.has_tests:
         usable_bwrap()  # refuse before any generation, not at the first example's tests
@@ -114,8 +117,11 @@ def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter
             if key != last:  # pending is ordered by example: one prompt per example
                 prompt = prompt_of(model, example, context_budget, repo_context)
                 last = key
+            params = dataset.params
+            if editor_guards:
+                params = dataclasses.replace(params, editor=EditorGuards.for_cursor(example["input"], example.get("suffix")))
             with meter.measure() as m:
-                completion = methods[name].generate(model, prompt.ids, dataset.params)
+                completion = methods[name].generate(model, prompt.ids, params)
             record = record_of(example, name, completion, prompt, m, model, dataset.has_tests, read_bytes[name])
             sink.write(json.dumps(record) + "\n")
             sink.flush()

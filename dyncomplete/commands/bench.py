@@ -49,9 +49,10 @@ def run(args) -> int:
     out = Path(args.out)
     dtype = str(model.dtype).removeprefix("torch.")
     config = {"model": model.name, "dataset": dataset.name, "dtype": dtype, "quant": model.quant,
-              "device": args.device, "context_budget": args.context_budget, "repo_context": args.repo_context}
+              "device": args.device, "context_budget": args.context_budget, "repo_context": args.repo_context,
+              "editor_guards": args.editor_guards}
     records = run_bench(model, dataset, names, out, meter, config, args.context_budget, progress=not args.no_progress,
-                        repo_context=args.repo_context == "on")
+                        repo_context=args.repo_context == "on", editor_guards=args.editor_guards == "on")
     header = {**config, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
               "threads": torch.get_num_threads(), "memory_bandwidth_gbs": machine_bandwidth(),
               "energy_source": meter.source, "energy_formula": meter.formula,
@@ -84,6 +85,9 @@ def register(sub) -> None:
     p.add_argument("--repo-context", default="on", choices=["on", "off"],
                    help="put an example's repository context (its 'extra' chunks, e.g. from `data cross-file`) "
                         "before its prompt")
+    p.add_argument("--editor-guards", default="off", choices=["on", "off"],
+                   help="end each completion where the server's editor guards would (single line when text "
+                        "follows the cursor, a repeat of the suffix's first line, bracket balance)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
