@@ -114,12 +114,13 @@ def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter
         last = None
         for example, name in pending:
             key = str(example["id"])
-            if key != last:  # pending is ordered by example: one prompt per example
+            if key != last:  # pending is ordered by example: one prompt (and cursor) per example
                 prompt = prompt_of(model, example, context_budget, repo_context)
+                params = dataset.params
+                if editor_guards:
+                    guards = EditorGuards.for_cursor(example["input"], example.get("suffix"))
+                    params = dataclasses.replace(params, editor=guards)
                 last = key
-            params = dataset.params
-            if editor_guards:
-                params = dataclasses.replace(params, editor=EditorGuards.for_cursor(example["input"], example.get("suffix")))
             with meter.measure() as m:
                 completion = methods[name].generate(model, prompt.ids, params)
             record = record_of(example, name, completion, prompt, m, model, dataset.has_tests, read_bytes[name])
