@@ -10,3 +10,5 @@ dyncomplete install smollm2-135m >/dev/null  # the small model of the tests and 
 dyncomplete install qwen2.5-coder-0.5b >/dev/null  # serve's and complete's default, a FIM model (~1 min)
 # bubblewrap: the sandbox HumanEval's tests run in (dyncomplete refuses to run them without it)
 command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+# a C compiler: the int4 decode kernels (dyncomplete/models/native/decode.c) are built on first use
+command -v cc >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null; }

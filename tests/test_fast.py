@@ -129,8 +129,10 @@ def test_quantization_error_is_small():
     assert (q.float() * scales[:, None] - w).abs().max() <= scales.max() / 2 + 1e-6
     levels, sz = quantize_int4(w, torch.float32, 32)
     assert levels.min() >= 0 and levels.max() <= 15 and sz.shape == (256 // 32, 64, 2)
-    deq = Linear(w, None, "int4").dequantized()
+    deq = Linear(w.bfloat16(), None, "int4").dequantized().float()
     assert (deq - w).abs().max() < 0.6 * (w.abs().max() * 2 / 15)
+    with pytest.raises(ValueError, match="int4 weights run in bfloat16"):
+        Linear(w, None, "int4")
 
 
 @pytest.fixture(scope="module", params=["int8", "int4"])

@@ -43,8 +43,7 @@ def score(model, cache, last_token: int, draft: Draft, position: int) -> torch.T
         start = 0
     else:
         hidden, start = draft.hidden, draft.start_layer
-    for i in range(start, model.num_layers):
-        hidden = model.run_layer(i, hidden, ctx, cache)
+    hidden = model.run_layers(start, hidden, ctx, cache)
     return model.head(model.final_norm(hidden))[0].float()
 
 

@@ -40,15 +40,18 @@ in bfloat16), and every method prefills the same way, so identity between method
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .attention import SHORT_QUERY
 from .invariant import BLOCK, split_k_matmul
 
 FAST_KINDS = ("llama", "qwen2")
 QUANTS = ("none", "int8", "int4")
-INT4_GROUP = 32  # input features per int4 scale/zero pair (GGUF's Q4_0/Q4_1 block)
+INT4_GROUP = native.GROUP  # input features per int4 scale/zero pair (GGUF's Q4_0/Q4_1 block)
 SPAN = 256  # short-query attention reads the cache in whole multiples of this many positions
 TABLE_CHUNK = 256  # positions per chunk when building rotary tables (see `RotaryTables.extend`)
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose frequencies never change
@@ -104,7 +107,7 @@ class Linear:
     `invariant.split_k_linear` does), so a row's result never depends on the rows beside it."""
 
     __slots__ = ("weight", "bias", "quant", "split", "wt", "qweight", "scales", "group", "in_features",
-                 "out_features", "levels")
+                 "out_features", "levels", "native")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, quant: str = "none",
                  invariant: bool = False, group: int = INT4_GROUP):
@@ -112,12 +115,16 @@ class Linear:
         self.weight, self.bias, self.quant, self.group = weight, bias, quant, group
         self.split = invariant and self.in_features > BLOCK
         self.wt = weight.t()
-        self.qweight = self.scales = self.levels = None
+        self.qweight = self.scales = self.levels = self.native = None
         if quant == "int8":
             self.qweight, self.scales = quantize_int8(weight, weight.dtype)
         elif quant == "int4":
+            if weight.dtype != torch.bfloat16 or group != native.GROUP:
+                raise ValueError(f"int4 weights run in bfloat16 with groups of {native.GROUP}, not {weight.dtype}")
+            native.library()  # builds the kernels now, or says why it cannot
             levels, self.scales = quantize_int4(weight, weight.dtype, group)
-            self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1)
+            self.qweight = native.pack_int4(levels, self.scales)
+            self.native = native.linear_struct(self.qweight, bias)
             self.levels = levels  # kept until `dequantized` has run (see FastEngine)
         elif quant != "none":
             raise ValueError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
@@ -141,11 +148,14 @@ class Linear:
             out = split_k_matmul(x, self.wt)
             return out if self.bias is None else out + self.bias
         rows = x.reshape(-1, self.in_features)
-        if quant == "int8":
-            out = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scales)
-        else:
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.qweight, self.group, self.scales)
-        out = out.view(*x.shape[:-1], self.out_features)
+        if quant == "int4":
+            rows = rows.contiguous()  # kept alive through the call
+            n, lib = rows.shape[0], native.library()
+            out = torch.empty(n, self.out_features, dtype=x.dtype)
+            work = torch.empty(lib.linear_workspace_floats(self.in_features, self.out_features, n))
+            lib.linear_bf16(ctypes.byref(self.native), rows.data_ptr(), n, out.data_ptr(), work.data_ptr())  # + bias
+            return out.view(*x.shape[:-1], self.out_features)
+        out = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scales).view(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
     def weight_bytes(self) -> int:
@@ -288,12 +298,34 @@ class FastEngine:
                         lin.levels = None
                 self.layers.append(fast)
             self.final_norm_weight = model.core.norm.weight
+            self.native_layers = self._native_layers() if quant == "int4" else None
             head = model.lm_head
             self.lm_head = Linear(head.weight, head.bias, quant, invariant)
             if quant != "none":  # tied embeddings get the dequantized rows too: one consistent model
                 head.weight.copy_(self.lm_head.dequantized())
                 self.lm_head.levels = None
         self.embedding = model.core.embed_tokens.weight
+
+    def _native_layers(self) -> list:
+        """decode.c's view of every layer (pointers into this engine's tensors), its dimensions and
+        scratch; the layers run there for short queries on full-attention layers."""
+        if self.head_dim % 16:
+            raise ValueError(f"int4 decoding needs a head dimension divisible by 16, not {self.head_dim}")
+        self.dims = native.Dims(self.model.hidden_size, self.heads, self.kv_heads, self.head_dim, self.intermediate,
+                                self.eps, self.scale)
+        self.workspace = torch.empty(native.library().workspace_floats(ctypes.byref(self.dims), SHORT_QUERY))
+        structs = []
+        for layer, kind in zip(self.layers, self.model.layer_types):
+            if kind != "full_attention":
+                structs.append(None)
+                continue
+            norms = [w.detach().contiguous() for w in (layer.in_norm, layer.post_norm)]
+            layer.in_norm, layer.post_norm = norms  # the same values; decode.c reads them in place
+            structs.append(native.Layer(norms[0].data_ptr(), norms[1].data_ptr(),
+                                        *(lin.native for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))))
+        # pointers to every layer's struct, for `run_layers` (None where a layer is not native)
+        self.native_array = (ctypes.c_void_p * len(structs))(*[ctypes.addressof(l) if l else None for l in structs])
+        return structs
 
     # -- the calls LayeredModel forwards ------------------------------------------------------
 
@@ -315,6 +347,11 @@ class FastEngine:
         layer = self.layers[i]
         H, KV, d = self.heads, self.kv_heads, self.head_dim
         q_len = hidden.shape[1]
+        if self.native_layers is not None and cache is not None and q_len <= SHORT_QUERY:
+            native_layer = self.native_layers[i]
+            start = cache.lengths[i]
+            if native_layer is not None and ctx.position_list == list(range(start, start + q_len)):
+                return self._native_layer(i, native_layer, hidden, ctx, cache, start)
         x = self.rms_norm(hidden, layer.in_norm)
         qkv = layer.qkv(x).view(1, q_len, H + 2 * KV, d)
         qk = qkv[:, :, : H + KV]
@@ -347,6 +384,55 @@ class FastEngine:
         gu = layer.gate_up(x)
         act = F.silu(gu[..., : self.intermediate]) * gu[..., self.intermediate :]
         return h + layer.down(act)
+
+    def _native_layer(self, i: int, native_layer, hidden, ctx, cache, start: int) -> torch.Tensor:
+        """Layer i in one call of decode.c for positions start.. (consecutive, after the cache's
+        contents): causal attention over the cache, no mask tensor needed."""
+        hidden = hidden.contiguous()  # kept alive through the call
+        keys = self._cache_room(i, cache, start + hidden.shape[1], hidden)
+        out = torch.empty_like(hidden)
+        native.library().layer_forward(
+            ctypes.byref(self.dims), ctypes.byref(native_layer), hidden.data_ptr(), out.data_ptr(),
+            hidden.shape[1], start, keys.data_ptr(), cache.values[i].data_ptr(), keys.shape[-1],
+            ctx.fast_cos.data_ptr(), ctx.fast_sin.data_ptr(), self.workspace.data_ptr())
+        cache.lengths[i] += hidden.shape[1]
+        return out
+
+    def run_layers(self, first: int, hidden: torch.Tensor, ctx, cache) -> torch.Tensor | None:
+        """Layers first.. to the last in one call of decode.c, where every one of them would take
+        the native path of `run_layer` at the same start; None otherwise (the caller runs them one
+        by one). The same results as one call per layer, without Python between layers."""
+        q_len = hidden.shape[1]
+        if self.native_layers is None or cache is None or q_len > SHORT_QUERY:
+            return None
+        start = cache.lengths[first]
+        layers = range(first, len(self.layers))
+        if (ctx.position_list != list(range(start, start + q_len))
+                or any(cache.lengths[i] != start or self.native_layers[i] is None for i in layers)):
+            return None
+        hidden = hidden.contiguous()  # kept alive through the call
+        keys = [self._cache_room(i, cache, start + q_len, hidden) for i in layers]
+        n = len(keys)
+        out = torch.empty_like(hidden)
+        native.library().layers_forward(
+            ctypes.byref(self.dims), ctypes.addressof(self.native_array) + first * ctypes.sizeof(ctypes.c_void_p), n,
+            hidden.data_ptr(), out.data_ptr(), q_len, start,
+            (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys]),
+            (ctypes.c_void_p * n)(*[cache.values[i].data_ptr() for i in layers]),
+            (ctypes.c_int * n)(*[k.shape[-1] for k in keys]),
+            ctx.fast_cos.data_ptr(), ctx.fast_sin.data_ptr(), self.workspace.data_ptr())
+        for i in layers:
+            cache.lengths[i] += q_len
+        return out
+
+    def _cache_room(self, i: int, cache, end: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Layer i's key buffer, grown (in whole SPANs) to hold `end` positions."""
+        keys = cache.keys[i]
+        if keys is None or keys.shape[-1] < end or keys.dtype != hidden.dtype:
+            cache.grow(i, -(-end // SPAN) * SPAN, (1, self.kv_heads, self.head_dim), hidden.dtype, hidden.device,
+                       exact=True)
+            keys = cache.keys[i]
+        return keys
 
     def attended_length(self, kv_len: int, q_len: int) -> int:
         """How many cache positions a step's attention reads: for short queries, `kv_len` rounded

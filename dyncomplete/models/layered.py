@@ -4,7 +4,8 @@ Everything in dyncomplete runs a model one decoder layer at a time: early exit s
 layers, self-speculation drafts with the first layers and verifies with the rest. This class
 hides the differences between architectures (how positions enter, which norm is final, whether
 some layers use a sliding window, logit soft-capping) behind five calls:
-`embed`, `run_layer`, `final_norm`, `head`, and `forward` (all layers at once).
+`embed`, `run_layer` (`run_layers` for several in a row), `final_norm`, `head`, and `forward` (all
+layers at once).
 
 Two engines compute them. `hf` calls the Hugging Face modules (every architecture; the only one
 that trains: LoRA adapters and gradients need the modules). `fast` (llama and qwen2, the default
@@ -37,6 +38,7 @@ class StepContext:
     position_list: list[int] | None = None  # the positions as ints (fast engine)
     fast_cos: torch.Tensor | None = None  # (1, q, 1, head_dim) rotary tables (fast engine)
     fast_sin_signed: torch.Tensor | None = None
+    fast_sin: torch.Tensor | None = None  # (q, head_dim), for the native layers
 
 
 ENGINES = ("auto", "fast", "hf")
@@ -125,6 +127,7 @@ class LayeredModel:
             ctx.position_list = positions[0].tolist()
             cos, sin, sin_signed = self.fast.rotary.at(ctx.position_list)
             ctx.fast_cos, ctx.fast_sin_signed = cos[None, :, None], sin_signed[None, :, None]
+            ctx.fast_sin = sin
             for layer_type in set(self.layer_types):  # what the modules (and propagate_kv) read
                 ctx.rotary[layer_type] = (cos[None], sin[None])
             return ctx
@@ -171,6 +174,17 @@ class LayeredModel:
             out = self.layers[i](hidden, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
+    def run_layers(self, first: int, hidden: torch.Tensor, ctx: StepContext, cache: KVCache | None) -> torch.Tensor:
+        """`run_layer` for layers first.. to the last; the fast engine's native kernels run them
+        in one call where they can (the same results, without Python between layers)."""
+        fast = self._fast()
+        done = fast.run_layers(first, hidden, ctx, cache) if fast is not None else None
+        if done is not None:
+            return done
+        for i in range(first, self.num_layers):
+            hidden = self.run_layer(i, hidden, ctx, cache)
+        return hidden
+
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         fast = self._fast()
         if fast is not None:
@@ -202,9 +216,7 @@ class LayeredModel:
         ids = input_ids.reshape(1, -1)
         start = cache.lengths[0] if (start is None and cache is not None) else (start or 0)
         ctx = self.context(torch.arange(start, start + ids.shape[1]))
-        hidden = self.embed(ids, ctx)
-        for i in range(self.num_layers):
-            hidden = self.run_layer(i, hidden, ctx, cache)
+        hidden = self.run_layers(0, self.embed(ids, ctx), ctx, cache)
         if last_only:
             hidden = hidden[:, -1:]
         return self.head(self.final_norm(hidden)).float()

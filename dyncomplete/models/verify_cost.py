@@ -16,6 +16,13 @@ import time
 import torch
 
 from ..paths import machine_measurement
+from .native import source_digest
+
+
+def native_kernels(model) -> str:
+    """Which kernels decode `model` (their cost is what is measured): the native library's source
+    digest for int4 weights, PyTorch's otherwise."""
+    return "native-" + source_digest()[:8] if getattr(model, "quant", "none") == "int4" else "torch"
 
 POSITIONS = 8  # the verification pass measured: this many positions at once
 CONTEXT = 256  # tokens already in the cache, a typical completion prompt's order of size
@@ -48,5 +55,5 @@ def measure_verify_cost(model, positions: int = POSITIONS, repeats: int = 7) -> 
 def verify_cost(model) -> float:
     """The measured cost of one extra verified position for `model` (cached per machine)."""
     key = (f"{model.name}|{model.engine}|{model.quant}|{str(model.dtype).removeprefix('torch.')}|"
-           f"{model.device.type}|{torch.get_num_threads()} threads")
+           f"{model.device.type}|{torch.get_num_threads()} threads|{native_kernels(model)}")
     return machine_measurement("verify_cost.json", key, lambda: round(measure_verify_cost(model), 4))

@@ -1,0 +1,106 @@
+"""The fast engine's native decode kernels (`decode.c`): int4 products and one whole decoder layer
+per call for short queries.
+
+The C file is compiled on first use for this CPU (`cc -O3 -march=native -fopenmp`, about two
+seconds) into the cache, one library per (source, CPU), and called through ctypes with the data
+pointers of PyTorch tensors. The library links the OpenMP runtime PyTorch has loaded, so both
+share one pool of threads. Without a C compiler, `library()` raises `NativeUnavailable` and
+int4 weights are refused with that message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ...paths import cache_root, cpu_name
+
+SOURCE = Path(__file__).with_name("decode.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+GROUP = 32  # input features per block (decode.c's GROUP)
+
+
+class NativeUnavailable(RuntimeError):
+    """The native kernels cannot be built on this machine (no C compiler, or it failed)."""
+
+
+class Linear(ctypes.Structure):
+    _fields_ = [("q", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("zeros", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("out", ctypes.c_int), ("in_", ctypes.c_int)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("in_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("qkv", Linear), ("o", Linear),
+                ("gate_up", Linear), ("down", Linear)]
+
+
+class Dims(ctypes.Structure):
+    _fields_ = [("hidden", ctypes.c_int), ("heads", ctypes.c_int), ("kv_heads", ctypes.c_int),
+                ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float)]
+
+
+def _compile(target: Path) -> None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise NativeUnavailable("int4 weights need a C compiler for the native kernels (apt-get install gcc), "
+                                "or use --quant none")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
+        if done.returncode:
+            raise NativeUnavailable(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-500:]}")
+        os.replace(built, target)  # atomic: a concurrent process sees the old state or the whole file
+
+
+def source_digest() -> str:
+    """SHA-256 of the kernels' source and compiler flags: what a measurement of them depends on."""
+    return hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The compiled kernels for this CPU, built into the cache on first use."""
+    digest = hashlib.sha256((source_digest() + cpu_name()).encode()).hexdigest()[:16]
+    target = cache_root() / "native" / f"decode-{digest}.so"
+    if not target.is_file():
+        _compile(target)
+    lib = ctypes.CDLL(str(target))
+    ptr, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.workspace_floats.argtypes, lib.workspace_floats.restype = [ctypes.POINTER(Dims), i32], ctypes.c_long
+    lib.layer_forward.argtypes = [ctypes.POINTER(Dims), ctypes.POINTER(Layer), ptr, ptr, i32, i32, ptr, ptr, i32,
+                                  ptr, ptr, ptr]
+    lib.layer_forward.restype = None
+    lib.layers_forward.argtypes = [ctypes.POINTER(Dims), ctypes.c_void_p, i32, ptr, ptr, i32, i32, ptr, ptr, ptr,
+                                   ptr, ptr, ptr]
+    lib.layers_forward.restype = None
+    lib.linear_workspace_floats.argtypes, lib.linear_workspace_floats.restype = [i32, i32, i32], ctypes.c_long
+    lib.linear_bf16.argtypes = [ctypes.POINTER(Linear), ptr, i32, ptr, ptr]
+    lib.linear_bf16.restype = None
+    return lib
+
+
+def pack_int4(levels: torch.Tensor, scales_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """decode.c's weights from `fast.quantize_int4`'s output (levels (N, K) in 0..15, scales and
+    zeros (K / GROUP, N, 2) bf16): levels two a byte (N, K / 2) uint8, scales (N, K / GROUP) and
+    zeros (N, K / GROUP) bf16."""
+    n, k = levels.shape
+    q = levels.reshape(n, k // GROUP, GROUP).to(torch.uint8)
+    nibbles = (q[..., : GROUP // 2] | (q[..., GROUP // 2 :] << 4)).reshape(n, k // 2).contiguous()
+    sz = scales_zeros.transpose(0, 1)  # (N, K / GROUP, 2)
+    return nibbles, sz[..., 0].contiguous(), sz[..., 1].contiguous()
+
+
+def linear_struct(packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], bias: torch.Tensor | None) -> Linear:
+    q, scales, zeros = packed
+    return Linear(q.data_ptr(), scales.data_ptr(), zeros.data_ptr(), bias.data_ptr() if bias is not None else None,
+                  q.shape[0], 2 * q.shape[1])

@@ -1,0 +1,412 @@
+/* Decode-time kernels of the fast engine: int4 weight-only products and one whole llama/qwen2
+ * decoder layer for short queries (decode steps and verification passes), in one call.
+ *
+ * Why: a PyTorch decode step of SmolLM2 issues about 500 small operator calls a token, and their
+ * overhead was as large as the arithmetic. Here a layer is one call.
+ *
+ * Determinism: every row (position) is computed by the same sequence of floating-point operations
+ * whatever the number of rows computed with it, so a verification pass gives each position
+ * exactly what a one-token step gives (lossless speculative decoding). Row tiles never change a
+ * row's own operations; compiled with -ffp-contract=off so that the compiler fuses nothing on
+ * its own; reductions run in a fixed order.
+ *
+ * Weights: groups of GROUP input features with a bf16 scale and zero each; the levels of a group
+ * are 16 bytes, byte j holding level j in its low nibble and level j + 16 in its high nibble;
+ * w = (q - 8) * scale + zero, as the model's dequantized weights (fast.py, quantize_int4) define
+ * it. Inputs are quantized to int8 per group before they multiply (see quantize_input).
+ * Activations: float32 inside a layer; hidden states, keys and values in bfloat16 (the model's
+ * dtype and cache layout: keys (kv_heads, head_dim, capacity), values (kv_heads, capacity,
+ * head_dim)).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#define GROUP 32
+
+typedef struct {
+    const uint8_t *q;                      /* (out, in / 2) levels, two a byte (see above) */
+    const uint16_t *scales, *zeros, *bias; /* (out, in / GROUP) bf16 each; bias (out,) bf16 or NULL */
+    int out, in;
+} linear_t;
+
+typedef struct {
+    const uint16_t *in_norm, *post_norm; /* (hidden,) bf16 */
+    linear_t qkv, o, gate_up, down;
+} layer_t;
+
+typedef struct {
+    int hidden, heads, kv_heads, head_dim, intermediate;
+    float eps, scale;
+} dims_t;
+
+static inline float bf16_to_f32(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as PyTorch does */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* -- int4 products ------------------------------------------------------------------------- */
+
+/* Inputs are quantized as llama.cpp quantizes them for its 4-bit products (Q8): per group of
+ * GROUP features, int8 values and one float scale dx = max |x| / 127. Laid out per chunk of 4
+ * groups as [g0 0..15, g1 0..15, g2 0..15, g3 0..15, g0 16..31, ..., g3 16..31] (the order of
+ * the levels in a 512-bit load of their nibbles), padded with zeros to whole chunks. */
+#define CHUNK 4                                    /* groups per 512-bit load of levels */
+#define CHUNKS(in) (((in) / GROUP + CHUNK - 1) / CHUNK)
+/* Floats of scratch per row of input: int8 values, per-lane scales, group sums. */
+#define INPUT_SCRATCH(in) (CHUNKS(in) * (CHUNK * GROUP / 4 + 16) + CHUNKS(in) * CHUNK)
+
+typedef struct {
+    int8_t *q;     /* (rows, CHUNKS * 128) */
+    float *lanes;  /* (rows, CHUNKS * 16): dx of the group each int32 lane of a chunk sums */
+    float *sums;   /* (rows, CHUNKS * CHUNK): dx * sum of the group's int8 values */
+} qinput_t;
+
+static qinput_t quantize_input(const float *x, int rows, int in, float *scratch) {
+    int chunks = CHUNKS(in), groups = in / GROUP;
+    qinput_t qi = {(int8_t *)scratch, scratch + (size_t)rows * chunks * 32, scratch + (size_t)rows * chunks * 48};
+    memset(scratch, 0, sizeof(float) * (size_t)rows * INPUT_SCRATCH(in));
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < groups; g++) {
+            const float *p = x + (size_t)r * in + g * GROUP;
+            float amax = 0.f;
+            for (int j = 0; j < GROUP; j++) amax = fmaxf(amax, fabsf(p[j]));
+            float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+            int c = g / CHUNK, k = g % CHUNK, total = 0;
+            int8_t *dst = qi.q + ((size_t)r * chunks + c) * CHUNK * GROUP;
+            for (int j = 0; j < GROUP; j++) {
+                int v = (int)nearbyintf(p[j] * inv);
+                dst[(j / 16) * 64 + k * 16 + j % 16] = (int8_t)v;
+                total += v;
+            }
+            for (int l = 0; l < 4; l++) qi.lanes[((size_t)r * chunks + c) * 16 + k * 4 + l] = dx;
+            qi.sums[(size_t)r * chunks * CHUNK + g] = dx * (float)total;
+        }
+    return qi;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* NC (up to 4) output features x NR (up to 4) rows: per chunk of 4 groups and row, two u8 x s8
+ * dot products (VNNI) into 16 int32 lanes, 4 a group, then scaled in float:
+ * w x = scale * dx * sum(q xq) + (zero - 8 * scale) * dx * sum(xq).
+ * Each (feature, row) pair runs the same operations in any tile. */
+static inline __attribute__((always_inline)) void tile(const linear_t *lin, int n0, int NC, qinput_t qi, int r0,
+                                                       int NR, float *out) {
+    int in = lin->in, groups = in / GROUP, chunks = CHUNKS(in);
+    __m512 acc[4][4], zacc[4][4];
+    for (int c = 0; c < NC; c++)
+        for (int r = 0; r < NR; r++) acc[c][r] = zacc[c][r] = _mm512_setzero_ps();
+    const __m512i nibble = _mm512_set1_epi8(15);
+    for (int g0 = 0; g0 < groups; g0 += 16) { /* 16 groups: one vector of scales */
+        int ng = groups - g0 < 16 ? groups - g0 : 16;
+        __mmask16 mask = (__mmask16)((1u << ng) - 1);
+        __m512 sc[4];
+        for (int c = 0; c < NC; c++) {
+            size_t at = (size_t)(n0 + c) * groups + g0;
+            __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lin->scales + at)), 16));
+            __m512 z = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lin->zeros + at)), 16));
+            __m512 zero = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), s, z);
+            for (int r = 0; r < NR; r++)
+                zacc[c][r] = _mm512_fmadd_ps(
+                    zero, _mm512_maskz_loadu_ps(mask, qi.sums + (size_t)(r0 + r) * chunks * CHUNK + g0), zacc[c][r]);
+            sc[c] = s;
+        }
+        for (int k = 0; k < (ng + CHUNK - 1) / CHUNK; k++) {
+            int chunk = g0 / CHUNK + k, left = groups - chunk * CHUNK;
+            __mmask64 bytes = left >= CHUNK ? ~(__mmask64)0 : (((__mmask64)1 << (left * 16)) - 1);
+            __m512i idx = _mm512_srli_epi32(_mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
+                                                                              4, 3, 2, 1, 0),
+                                                             _mm512_set1_epi32(16 * k)), 2);
+            __m512i xl[4], xh[4];
+            __m512 dx[4];
+            for (int r = 0; r < NR; r++) {
+                const int8_t *px = qi.q + ((size_t)(r0 + r) * chunks + chunk) * CHUNK * GROUP;
+                xl[r] = _mm512_loadu_si512(px), xh[r] = _mm512_loadu_si512(px + 64);
+                dx[r] = _mm512_loadu_ps(qi.lanes + ((size_t)(r0 + r) * chunks + chunk) * 16);
+            }
+            for (int c = 0; c < NC; c++) {
+                const uint8_t *q = lin->q + (size_t)(n0 + c) * (in / 2) + chunk * 64;
+                __m512i v = _mm512_maskz_loadu_epi8(bytes, q);
+                __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                __m512 s = _mm512_permutexvar_ps(idx, sc[c]);
+                for (int r = 0; r < NR; r++) {
+                    __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl[r]), hi, xh[r]);
+                    acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(s, dx[r]), acc[c][r]);
+                }
+            }
+        }
+    }
+    for (int c = 0; c < NC; c++)
+        for (int r = 0; r < NR; r++)
+            out[(size_t)(r0 + r) * lin->out + n0 + c] = _mm512_reduce_add_ps(acc[c][r]) +
+                                                        _mm512_reduce_add_ps(zacc[c][r]);
+}
+#else
+/* Portable version (no AVX512-VNNI): the same product, in plain loops. */
+static inline __attribute__((always_inline)) void tile(const linear_t *lin, int n0, int NC, qinput_t qi, int r0,
+                                                       int NR, float *out) {
+    int groups = lin->in / GROUP, chunks = CHUNKS(lin->in);
+    for (int c = 0; c < NC; c++)
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *q = lin->q + (size_t)(n0 + c) * (lin->in / 2);
+            float acc = 0.f;
+            for (int g = 0; g < groups; g++) {
+                const int8_t *px = qi.q + ((size_t)(r0 + r) * chunks + g / CHUNK) * CHUNK * GROUP + (g % CHUNK) * 16;
+                int t = 0;
+                for (int j = 0; j < GROUP / 2; j++) t += (q[g * 16 + j] & 15) * px[j] + (q[g * 16 + j] >> 4) * px[j + 64];
+                size_t at = (size_t)(n0 + c) * groups + g;
+                float s = bf16_to_f32(lin->scales[at]), dx = qi.lanes[((size_t)(r0 + r) * chunks + g / CHUNK) * 16 + (g % CHUNK) * 4];
+                acc = fmaf((float)t, s * dx, acc);
+                acc = fmaf(fmaf(-8.f, s, bf16_to_f32(lin->zeros[at])), qi.sums[(size_t)(r0 + r) * chunks * CHUNK + g], acc);
+            }
+            out[(size_t)(r0 + r) * lin->out + n0 + c] = acc;
+        }
+}
+#endif
+
+#define TILE_N 4
+#define TILE_R 4
+
+/* out (rows, lin->out) = x (rows, lin->in) W^T + bias, float32; scratch: rows * INPUT_SCRATCH(in). */
+static void linear_f32(const linear_t *lin, const float *x, int rows, float *scratch, float *out) {
+    qinput_t qi = quantize_input(x, rows, lin->in, scratch);
+    int tiles = (lin->out + TILE_N - 1) / TILE_N;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        int n0 = t * TILE_N;
+        int nc = lin->out - n0 < TILE_N ? lin->out - n0 : TILE_N;
+        for (int r0 = 0; r0 < rows; r0 += TILE_R) {
+            int nr = rows - r0 < TILE_R ? rows - r0 : TILE_R;
+            if (nc == 4 && nr == 4) tile(lin, n0, 4, qi, r0, 4, out);
+            else if (nc == 4 && nr == 3) tile(lin, n0, 4, qi, r0, 3, out);
+            else if (nc == 4 && nr == 2) tile(lin, n0, 4, qi, r0, 2, out);
+            else if (nc == 4) tile(lin, n0, 4, qi, r0, 1, out);
+            else
+                for (int c = 0; c < nc; c++)
+                    for (int r = 0; r < nr; r++) tile(lin, n0 + c, 1, qi, r0 + r, 1, out);
+        }
+    }
+    if (lin->bias)
+        for (int r = 0; r < rows; r++)
+            for (int n = 0; n < lin->out; n++) out[(size_t)r * lin->out + n] += bf16_to_f32(lin->bias[n]);
+}
+
+/* -- the layer ------------------------------------------------------------------------------ */
+
+static void rms_norm(const float *x, int rows, int n, const uint16_t *weight, float eps, float *out) {
+    for (int r = 0; r < rows; r++) {
+        const float *p = x + (size_t)r * n;
+        float ss = 0.f;
+        for (int i = 0; i < n; i++) ss = fmaf(p[i], p[i], ss);
+        float inv = 1.f / sqrtf(ss / (float)n + eps);
+        for (int i = 0; i < n; i++) out[(size_t)r * n + i] = p[i] * inv * bf16_to_f32(weight[i]);
+    }
+}
+
+/* Rotary embedding of one head in place: x * cos + rotate_half(x) * sin (tables in bf16). */
+static void rope(float *x, int d, const uint16_t *cos, const uint16_t *sin) {
+    int half = d / 2;
+    for (int i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * bf16_to_f32(cos[i]) - b * bf16_to_f32(sin[i]);
+        x[i + half] = b * bf16_to_f32(cos[i + half]) + a * bf16_to_f32(sin[i + half]);
+    }
+}
+
+#ifdef __AVX512F__
+/* exp(x) for 16 floats, x clamped to [-87, 88] (Cephes' expf: range reduction by ln 2 in two
+ * parts, degree-6 polynomial; within 2 ulp of libm's expf). */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(x, x), x), _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(y, n);
+}
+
+static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+static inline __mmask16 tail(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
+
+/* One head of one query over keys 0..n-1: out (d) = softmax(scale * q K) V. K: (d, capacity),
+ * V: (capacity, d), bf16; d a multiple of 16; scores: n floats of scratch. */
+static void attend(const float *q, const uint16_t *K, const uint16_t *V, int n, int d, int capacity, float scale,
+                   float *scores, float *out) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int j0 = 0; j0 < n; j0 += 64) { /* four independent 16-key chains */
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int i = 0; i < d; i++) {
+            __m512 qi = _mm512_set1_ps(q[i]);
+            for (int u = 0; u < 4; u++)
+                if (j0 + 16 * u < n)
+                    acc[u] = _mm512_fmadd_ps(qi, load_bf16(K + (size_t)i * capacity + j0 + 16 * u, tail(n - j0 - 16 * u)),
+                                             acc[u]);
+        }
+        for (int u = 0; u < 4 && j0 + 16 * u < n; u++) {
+            __mmask16 m = tail(n - j0 - 16 * u);
+            __m512 sc = _mm512_mul_ps(acc[u], _mm512_set1_ps(scale));
+            _mm512_mask_storeu_ps(scores + j0 + 16 * u, m, sc);
+            mx = _mm512_mask_max_ps(mx, m, mx, sc);
+        }
+    }
+    __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+        __mmask16 m = tail(n - j);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), top));
+        _mm512_mask_storeu_ps(scores + j, m, e);
+        sum = _mm512_mask_add_ps(sum, m, sum, e);
+    }
+    __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
+    for (int i0 = 0; i0 < d; i0 += 64) { /* up to four 16-wide slices of the output at a time */
+        int nv = (d - i0) / 16 < 4 ? (d - i0) / 16 : 4;
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int j = 0; j < n; j++) {
+            __m512 p = _mm512_set1_ps(scores[j]);
+            for (int u = 0; u < nv; u++)
+                acc[u] = _mm512_fmadd_ps(p, load_bf16(V + (size_t)j * d + i0 + 16 * u, 0xffff), acc[u]);
+        }
+        for (int u = 0; u < nv; u++) _mm512_storeu_ps(out + i0 + 16 * u, _mm512_mul_ps(acc[u], inv));
+    }
+}
+#else
+static void attend(const float *q, const uint16_t *K, const uint16_t *V, int n, int d, int capacity, float scale,
+                   float *scores, float *out) {
+    for (int j = 0; j < n; j++) scores[j] = 0.f;
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < n; j++) scores[j] += q[i] * bf16_to_f32(K[(size_t)i * capacity + j]);
+    float mx = -INFINITY, sum = 0.f;
+    for (int j = 0; j < n; j++) mx = fmaxf(mx, scores[j] *= scale);
+    for (int j = 0; j < n; j++) sum += scores[j] = expf(scores[j] - mx);
+    for (int i = 0; i < d; i++) out[i] = 0.f;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < d; i++) out[i] += scores[j] * bf16_to_f32(V[(size_t)j * d + i]);
+    for (int i = 0; i < d; i++) out[i] /= sum;
+}
+#endif
+
+/* SiLU(gate) * up over n features. */
+static void swiglu(const float *gate, const float *up, int n, float *out) {
+    int i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(gate + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(e, _mm512_set1_ps(1.f))),
+                                                _mm512_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < n; i++) out[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
+}
+
+/* Causal attention of rows at positions start.. over the cache; q (rows, heads, d) float32. */
+static void attention(const dims_t *dm, const float *q, int rows, int start, const uint16_t *keys,
+                      const uint16_t *values, int capacity, float *out) {
+    int H = dm->heads, d = dm->head_dim, G = dm->heads / dm->kv_heads;
+#pragma omp parallel
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(start + rows));
+#pragma omp for collapse(2) schedule(static)
+        for (int r = 0; r < rows; r++)
+            for (int h = 0; h < H; h++) {
+                int kv = h / G;
+                attend(q + ((size_t)r * H + h) * d, keys + (size_t)kv * d * capacity,
+                       values + (size_t)kv * capacity * d, start + r + 1, d, capacity, dm->scale, scores,
+                       out + ((size_t)r * H + h) * d);
+            }
+        free(scores);
+    }
+}
+
+/* Floats of scratch `layer_forward` needs for `rows` rows. */
+long workspace_floats(const dims_t *dm, int rows) {
+    long qkv = (long)(dm->heads + 2 * dm->kv_heads) * dm->head_dim;
+    long hd = (long)dm->heads * dm->head_dim, widest = dm->intermediate > dm->hidden ? dm->intermediate : dm->hidden;
+    widest = widest > hd ? widest : hd;
+    return rows * (2L * dm->hidden + qkv + 2 * hd + 3L * dm->intermediate + INPUT_SCRATCH(widest));
+}
+
+/* One decoder layer for `rows` new positions start, start + 1, ...: hidden (rows, hidden) bf16 in,
+ * out (rows, hidden) bf16; writes the rows' keys and values at those positions of the cache;
+ * cos/sin: the rotary rows of those positions (rows, head_dim) bf16. */
+void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out, int rows, int start,
+                   uint16_t *keys, uint16_t *values, int capacity, const uint16_t *cos, const uint16_t *sin,
+                   float *ws) {
+    int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, I = dm->intermediate;
+    int nqkv = (H + 2 * KV) * d;
+    float *h = ws, *x = h + (size_t)rows * Hd, *qkv = x + (size_t)rows * Hd, *att = qkv + (size_t)rows * nqkv;
+    float *q = att + (size_t)rows * H * d, *gu = q + (size_t)rows * H * d, *act = gu + (size_t)rows * 2 * I;
+    float *scratch = act + (size_t)rows * I;
+
+    for (long i = 0; i < (long)rows * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
+    rms_norm(h, rows, Hd, ly->in_norm, dm->eps, x);
+    linear_f32(&ly->qkv, x, rows, scratch, qkv);
+    for (int r = 0; r < rows; r++) {
+        float *row = qkv + (size_t)r * nqkv;
+        for (int k = 0; k < H + KV; k++) rope(row + k * d, d, cos + (size_t)r * d, sin + (size_t)r * d);
+        int pos = start + r;
+        for (int k = 0; k < KV; k++)
+            for (int i = 0; i < d; i++) {
+                keys[((size_t)k * d + i) * capacity + pos] = f32_to_bf16(row[(H + k) * d + i]);
+                values[((size_t)k * capacity + pos) * d + i] = f32_to_bf16(row[(H + KV + k) * d + i]);
+            }
+    }
+    /* queries packed (rows, H, d) for attention */
+    for (int r = 0; r < rows; r++) memcpy(q + (size_t)r * H * d, qkv + (size_t)r * nqkv, sizeof(float) * H * d);
+    attention(dm, q, rows, start, keys, values, capacity, att);
+    linear_f32(&ly->o, att, rows, scratch, x);
+    for (long i = 0; i < (long)rows * Hd; i++) h[i] += x[i];
+    rms_norm(h, rows, Hd, ly->post_norm, dm->eps, x);
+    linear_f32(&ly->gate_up, x, rows, scratch, gu);
+    for (int r = 0; r < rows; r++) swiglu(gu + (size_t)r * 2 * I, gu + (size_t)r * 2 * I + I, I, act + (size_t)r * I);
+    linear_f32(&ly->down, act, rows, scratch, x);
+    for (long i = 0; i < (long)rows * Hd; i++) out[i] = f32_to_bf16(h[i] + x[i]);
+}
+
+/* Floats of scratch `linear_bf16` needs. */
+long linear_workspace_floats(int in, int out, int rows) { return (long)rows * (in + out + INPUT_SCRATCH(in)); }
+
+/* A product on bf16 rows (the LM head, or a linear outside a layer): out (rows, out) bf16;
+ * ws: rows * (in + out + INPUT_SCRATCH(in)) floats. */
+void linear_bf16(const linear_t *lin, const uint16_t *x, int rows, uint16_t *out, float *ws) {
+    float *xf = ws, *y = xf + (size_t)rows * lin->in, *scratch = y + (size_t)rows * lin->out;
+    for (long i = 0; i < (long)rows * lin->in; i++) xf[i] = bf16_to_f32(x[i]);
+    linear_f32(lin, xf, rows, scratch, y);
+    for (long i = 0; i < (long)rows * lin->out; i++) out[i] = f32_to_bf16(y[i]);
+}
+
+/* Layers first..first + n - 1 in a row (LayeredModel.forward and verification passes): the same
+ * as n calls of layer_forward, each layer's output rounded to bf16 as there; keys, values and
+ * capacity per layer. */
+void layers_forward(const dims_t *dm, const layer_t *const *layers, int n, const uint16_t *hidden, uint16_t *out,
+                    int rows, int start, uint16_t *const *keys, uint16_t *const *values, const int *capacity,
+                    const uint16_t *cos, const uint16_t *sin, float *ws) {
+    for (int i = 0; i < n; i++) /* layer_forward reads its input whole before it writes: in place is safe */
+        layer_forward(dm, layers[i], i == 0 ? hidden : out, out, rows, start, keys[i], values[i], capacity[i], cos,
+                      sin, ws);
+}
