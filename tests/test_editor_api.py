@@ -157,10 +157,13 @@ def test_time_cap_stops_at_the_first_newline(smol_server):
 def test_qwen_fills_the_middle_for_every_client(qwen_server):
     for name in ("llama_vscode_infill.json", "llama_vim_infill.json"):
         # the middle (the repository context makes it a `return` of the value), then the guards
-        # end it: n_indent 4 cuts what Qwen writes next at column 0
+        # end it: n_indent 4 cuts what Qwen writes next at column 0. Which formula the 0.5B model
+        # returns is a near tie that the weight format decides (int4 with the native kernels
+        # copies the context's `math.pi * r * r`; PyTorch's int4 kernel gave `2 * math.pi * r`)
         out = post(qwen_server, "/infill", body(name)).json()
         content = out["content"]
-        assert "2 * math.pi * r" in content and "return circumference" not in content, (name, content)
+        assert content.strip().startswith("return ") and "math.pi * r" in content, (name, content)
+        assert "return circumference" not in content, (name, content)
         assert "def " not in content and content.strip().count("\n") == 0
         assert out["dyncomplete"]["fim"] is True and out["dyncomplete"]["context_chunks"] == 1
     show = post(qwen_server, "/api/show", body("continue_ollama_show.json")).json()
@@ -171,10 +174,14 @@ def test_qwen_fills_the_middle_for_every_client(qwen_server):
     loose = post(qwen_server, "/infill", body("llama_vim_infill.json", editor_guards=False)).json()
     assert loose["dyncomplete"]["stopped_by"] in ("indent", "time_limit", "max_tokens")  # llama.cpp's rules only
     api = openai.OpenAI(base_url=f"{qwen_server}/v1", api_key=SERVE_KEY, timeout=300, max_retries=0)
-    prefix, suffix = "import math\n\ndef circle(r):\n    ", "\n    return circumference\n"
+    # the cursor after `circumference = `: the middle is the formula (at the line start, whether
+    # the model assigns or returns is a near tie that the weight format decides)
+    prefix, suffix = "import math\n\ndef circle(r):\n    circumference = ", "\n    return circumference\n"
     guarded = api.completions.create(model=QWEN, prompt=prefix, suffix=suffix, max_tokens=48,
                                      extra_body={"editor_guards": True})
-    assert MIDDLE in guarded.choices[0].text and "return" not in guarded.choices[0].text
+    assert "2 * math.pi * r" in guarded.choices[0].text and "return" not in guarded.choices[0].text
     assert guarded.choices[0].finish_reason == "stop"
     plain = api.completions.create(model=QWEN, prompt=prefix, suffix=suffix, max_tokens=16)
-    assert plain.choices[0].text.startswith(guarded.choices[0].text)  # /v1/completions unchanged without guards
+    plain_text, guarded_text = plain.choices[0].text, guarded.choices[0].text
+    # /v1/completions unchanged without guards: the same tokens, whichever stopped first
+    assert plain_text.startswith(guarded_text) or guarded_text.startswith(plain_text), (plain_text, guarded_text)

@@ -152,6 +152,27 @@ def test_quantized_model_gives_a_position_the_same_logits_alone_or_in_a_verifica
     assert [torch.equal(together[k], alone[k]) for k in range(8)] == [True] * 8
 
 
+def test_all_layers_in_one_call_equal_one_call_per_layer(quantized):
+    """`run_layers` (int4: one native call for the whole pass) against `run_layer` per layer, for
+    a one-token step and a verification pass: the same logits and the same cache."""
+    model = quantized
+    ids = long_ids(model, 400)
+    fused, stepped = model.new_cache(), model.new_cache()
+    model.forward(torch.tensor(ids[:390]), fused)
+    model.forward(torch.tensor(ids[:390]), stepped)
+    for start, end in ((390, 391), (391, 396)):
+        ctx = model.context(torch.arange(start, end))
+        with torch.inference_mode():
+            h = model.embed(torch.tensor(ids[start:end]), ctx)
+            a = model.run_layers(0, h, ctx, fused)
+            b = h
+            for i in range(model.num_layers):
+                b = model.run_layer(i, b, ctx, stepped)
+        assert torch.equal(a, b)
+    assert fused.lengths == stepped.lengths == [396] * model.num_layers
+    assert all(torch.equal(fused.keys[i][..., :396], stepped.keys[i][..., :396]) for i in range(model.num_layers))
+
+
 def test_quantized_model_agrees_with_bfloat16_on_most_greedy_tokens(quantized, smollm_bf16):
     """A quality floor: top-1 agreement with the bfloat16 model over real code positions."""
     agree = total = 0

@@ -28,14 +28,16 @@ many positions run together for queries of up to `SHORT_QUERY` tokens (verificat
 as `invariant.py` requires for lossless speculative decoding in bfloat16.
 
 Quantized weights (`quant="int8"` or `"int4"`) replace every linear layer, the LM head
-included, with PyTorch's CPU weight-only kernels: int8 per output channel (symmetric), int4 in
-groups of `INT4_GROUP` input features (asymmetric, scale and zero point per group). Both kernels
-give each row the same result at any row count (checked by the tests), so verification passes
-stay identical to one-token decoding. The Hugging Face modules then hold the dequantized weights,
-so the `hf` engine, `propagate_kv` and the self-draft shortlist see the same model. Passes of
-more than `SHORT_QUERY` positions (prompts) multiply by those dequantized weights instead: the
-weight-only kernels are compute-bound there (SmolLM2 prefill: 540 tokens/s in int4 against 950
-in bfloat16), and every method prefills the same way, so identity between methods holds.
+included: int8 per output channel (symmetric) with PyTorch's CPU weight-only kernel; int4 in
+groups of `INT4_GROUP` input features (asymmetric, scale and zero point per group) with the
+native kernels of `native/decode.c`, which also run whole layers for short queries (`run_layer`,
+`run_layers`). Both give each row the same result at any row count (checked by the tests), so
+verification passes stay identical to one-token decoding. The Hugging Face modules then hold the
+dequantized weights, so the `hf` engine, `propagate_kv` and the self-draft shortlist see the same
+model. Passes of more than `SHORT_QUERY` positions (prompts) multiply by those dequantized
+weights instead: the weight-only kernels are compute-bound there (SmolLM2 prefill with PyTorch's
+int4 kernel: 540 tokens/s against 950 in bfloat16), and every method prefills the same way, so
+identity between methods holds.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose freque
 def default_quant(engine: str, device: torch.device, dtype: torch.dtype) -> str:
     """What `quant="auto"` means: int4 where this engine runs on a CPU in bfloat16 (measured on the
     benchmarks: the fastest format and within 0.3 ES of bfloat16 weights on line-py; README,
-    "Speed against llama.cpp"), otherwise the model's own weights."""
-    return "int4" if engine == "fast" and device.type == "cpu" and dtype == torch.bfloat16 else "none"
+    "Speed against llama.cpp") and the native kernels build here, otherwise the model's own weights."""
+    cpu_bf16 = engine == "fast" and device.type == "cpu" and dtype == torch.bfloat16
+    return "int4" if cpu_bf16 and native.available() else "none"
 
 
 def supports(model) -> bool:

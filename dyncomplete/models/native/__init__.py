@@ -28,7 +28,7 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-f
 GROUP = 32  # input features per block (decode.c's GROUP)
 
 
-class NativeUnavailable(RuntimeError):
+class NativeUnavailable(ValueError):
     """The native kernels cannot be built on this machine (no C compiler, or it failed)."""
 
 
@@ -48,7 +48,7 @@ class Dims(ctypes.Structure):
                 ("scale", ctypes.c_float)]
 
 
-def _compile(target: Path) -> None:
+def _compile(target: Path, flags: list[str]) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise NativeUnavailable("int4 weights need a C compiler for the native kernels (apt-get install gcc), "
@@ -56,7 +56,12 @@ def _compile(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
+        try:
+            done = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
+                                  text=True)
+        except OSError as exc:
+            raise NativeUnavailable(f"cannot run the C compiler {compiler!r} ({exc.strerror}): int4 weights need "
+                                    "one for the native kernels (apt-get install gcc), or use --quant none") from exc
         if done.returncode:
             raise NativeUnavailable(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-500:]}")
         os.replace(built, target)  # atomic: a concurrent process sees the old state or the whole file
@@ -67,26 +72,39 @@ def source_digest() -> str:
     return hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()
 
 
-@functools.cache
-def library() -> ctypes.CDLL:
-    """The compiled kernels for this CPU, built into the cache on first use."""
-    digest = hashlib.sha256((source_digest() + cpu_name()).encode()).hexdigest()[:16]
-    target = cache_root() / "native" / f"decode-{digest}.so"
+def compile_library(target: Path, flags: list[str] = FLAGS) -> ctypes.CDLL:
+    """decode.c compiled with `flags` into `target` (unless that file exists), loaded, with the
+    functions' signatures declared."""
     if not target.is_file():
-        _compile(target)
+        _compile(target, flags)
     lib = ctypes.CDLL(str(target))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     lib.workspace_floats.argtypes, lib.workspace_floats.restype = [ctypes.POINTER(Dims), i32], ctypes.c_long
     lib.layer_forward.argtypes = [ctypes.POINTER(Dims), ctypes.POINTER(Layer), ptr, ptr, i32, i32, ptr, ptr, i32,
                                   ptr, ptr, ptr]
     lib.layer_forward.restype = None
-    lib.layers_forward.argtypes = [ctypes.POINTER(Dims), ctypes.c_void_p, i32, ptr, ptr, i32, i32, ptr, ptr, ptr,
-                                   ptr, ptr, ptr]
+    lib.layers_forward.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.layers_forward.restype = None
     lib.linear_workspace_floats.argtypes, lib.linear_workspace_floats.restype = [i32, i32, i32], ctypes.c_long
     lib.linear_bf16.argtypes = [ctypes.POINTER(Linear), ptr, i32, ptr, ptr]
     lib.linear_bf16.restype = None
     return lib
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The compiled kernels for this CPU, built into the cache on first use."""
+    digest = hashlib.sha256((source_digest() + cpu_name()).encode()).hexdigest()[:16]
+    return compile_library(cache_root() / "native" / f"decode-{digest}.so")
+
+
+def available() -> bool:
+    """Whether the native kernels can run here (built now if they were not)."""
+    try:
+        library()
+    except NativeUnavailable:
+        return False
+    return True
 
 
 def pack_int4(levels: torch.Tensor, scales_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

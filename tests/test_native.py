@@ -1,0 +1,46 @@
+"""The native decode kernels (models/native): the portable build (no AVX512) computes the same
+products as the one for this CPU, each row independent of the rows beside it, and a machine
+without a compiler gets a clear refusal instead of int4 weights."""
+
+import ctypes
+
+import pytest
+import torch
+
+from dyncomplete.models import native
+from dyncomplete.models.fast import Linear
+
+PORTABLE = ["-O3", "-march=x86-64-v3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]  # AVX2, no AVX512
+
+
+def product(lib, lin: Linear, x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(x.shape[0], lin.out_features, dtype=torch.bfloat16)
+    work = torch.empty(lib.linear_workspace_floats(lin.in_features, lin.out_features, x.shape[0]))
+    lib.linear_bf16(ctypes.byref(lin.native), x.data_ptr(), x.shape[0], out.data_ptr(), work.data_ptr())
+    return out
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory):
+    return native.compile_library(tmp_path_factory.mktemp("native") / "portable.so", PORTABLE)
+
+
+@pytest.mark.parametrize("shape", [(100, 96), (576, 1536), (1001, 864)])
+def test_portable_build_computes_the_same_products_row_by_row(portable, shape):
+    g = torch.Generator().manual_seed(shape[1])
+    lin = Linear((torch.randn(shape, generator=g) * 0.05).bfloat16(), torch.randn(shape[0]).bfloat16(), "int4")
+    x = torch.randn(7, shape[1], generator=g).bfloat16()
+    here = product(native.library(), lin, x)
+    anywhere = product(portable, lin, x)
+    torch.testing.assert_close(anywhere.float(), here.float(), atol=2e-2, rtol=1e-2)
+    alone = [product(portable, lin, x[r : r + 1].contiguous())[0] for r in range(7)]
+    assert all(torch.equal(anywhere[r], alone[r]) for r in range(7))
+    # the product the kernels compute is the dequantized weight times the input
+    ref = x.float() @ lin.dequantized().float().t() + lin.bias.float()
+    torch.testing.assert_close(here.float(), ref, atol=0.05, rtol=0.02)
+
+
+def test_without_a_compiler_int4_is_refused_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(native.NativeUnavailable, match="apt-get install gcc.*--quant none"):
+        native.compile_library(tmp_path / "k.so")
