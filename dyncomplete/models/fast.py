@@ -30,8 +30,7 @@ as `invariant.py` requires for lossless speculative decoding in bfloat16.
 Quantized weights (`quant="int8"` or `"int4"`) replace every linear layer, the LM head
 included: int8 per output channel (symmetric) with PyTorch's CPU weight-only kernel; int4 in
 groups of `INT4_GROUP` input features (asymmetric, scale and zero point per group) with the
-native kernels of `native/decode.c`, which also run whole layers for short queries (`run_layer`,
-`run_layers`). Both give each row the same result at any row count (checked by the tests), so
+native kernels of `native/decode.c`, which also run whole layers for short queries (`run_native`). Both give each row the same result at any row count (checked by the tests), so
 verification passes stay identical to one-token decoding. The Hugging Face modules then hold the
 dequantized weights, so the `hf` engine, `propagate_kv` and the self-draft shortlist see the same
 model. Passes of more than `SHORT_QUERY` positions (prompts) multiply by those dequantized
@@ -326,7 +325,7 @@ class FastEngine:
             layer.in_norm, layer.post_norm = norms  # the same values; decode.c reads them in place
             structs.append(native.Layer(norms[0].data_ptr(), norms[1].data_ptr(),
                                         *(lin.native for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))))
-        # pointers to every layer's struct, for `run_layers` (None where a layer is not native)
+        # pointers to every layer's struct, for `run_native` (None where a layer is not native)
         self.native_array = (ctypes.c_void_p * len(structs))(*[ctypes.addressof(l) if l else None for l in structs])
         return structs
 
@@ -350,11 +349,9 @@ class FastEngine:
         layer = self.layers[i]
         H, KV, d = self.heads, self.kv_heads, self.head_dim
         q_len = hidden.shape[1]
-        if self.native_layers is not None and cache is not None and q_len <= SHORT_QUERY:
-            native_layer = self.native_layers[i]
-            start = cache.lengths[i]
-            if native_layer is not None and ctx.position_list == list(range(start, start + q_len)):
-                return self._native_layer(i, native_layer, hidden, ctx, cache, start)
+        done = self.run_native(range(i, i + 1), hidden, ctx, cache)
+        if done is not None:
+            return done
         x = self.rms_norm(hidden, layer.in_norm)
         qkv = layer.qkv(x).view(1, q_len, H + 2 * KV, d)
         qk = qkv[:, :, : H + KV]
@@ -366,10 +363,7 @@ class FastEngine:
             start = cache.lengths[i]
             end = start + q_len
             span = self.attended_length(end, q_len)
-            keys = cache.keys[i]
-            if keys is None or keys.shape[-1] < end or keys.dtype != hidden.dtype:
-                cache.grow(i, -(-end // SPAN) * SPAN, (1, KV, d), hidden.dtype, hidden.device, exact=True)
-                keys = cache.keys[i]
+            keys = self._cache_room(i, cache, end, hidden)
             values = cache.values[i]
             keys[0, :, :, start:end] = new_k.transpose(1, 2)
             values[0, :, start:end] = new_v
@@ -388,28 +382,15 @@ class FastEngine:
         act = F.silu(gu[..., : self.intermediate]) * gu[..., self.intermediate :]
         return h + layer.down(act)
 
-    def _native_layer(self, i: int, native_layer, hidden, ctx, cache, start: int) -> torch.Tensor:
-        """Layer i in one call of decode.c for positions start.. (consecutive, after the cache's
-        contents): causal attention over the cache, no mask tensor needed."""
-        hidden = hidden.contiguous()  # kept alive through the call
-        keys = self._cache_room(i, cache, start + hidden.shape[1], hidden)
-        out = torch.empty_like(hidden)
-        native.library().layer_forward(
-            ctypes.byref(self.dims), ctypes.byref(native_layer), hidden.data_ptr(), out.data_ptr(),
-            hidden.shape[1], start, keys.data_ptr(), cache.values[i].data_ptr(), keys.shape[-1],
-            ctx.fast_cos.data_ptr(), ctx.fast_sin.data_ptr(), self.workspace.data_ptr())
-        cache.lengths[i] += hidden.shape[1]
-        return out
-
-    def run_layers(self, first: int, hidden: torch.Tensor, ctx, cache) -> torch.Tensor | None:
-        """Layers first.. to the last in one call of decode.c, where every one of them would take
-        the native path of `run_layer` at the same start; None otherwise (the caller runs them one
-        by one). The same results as one call per layer, without Python between layers."""
+    def run_native(self, layers: range, hidden: torch.Tensor, ctx, cache) -> torch.Tensor | None:
+        """`layers` (consecutive, to the last at most) in one call of decode.c, where each is native
+        and holds the cache up to the step's first position, which the step's positions follow;
+        None otherwise (the caller takes the PyTorch path). Causal attention over the cache, no
+        mask tensor needed; the same bits whether the layers run in one call or one call each."""
         q_len = hidden.shape[1]
         if self.native_layers is None or cache is None or q_len > SHORT_QUERY:
             return None
-        start = cache.lengths[first]
-        layers = range(first, len(self.layers))
+        start = cache.lengths[layers[0]]
         if (ctx.position_list != list(range(start, start + q_len))
                 or any(cache.lengths[i] != start or self.native_layers[i] is None for i in layers)):
             return None
@@ -418,8 +399,8 @@ class FastEngine:
         n = len(keys)
         out = torch.empty_like(hidden)
         native.library().layers_forward(
-            ctypes.byref(self.dims), ctypes.addressof(self.native_array) + first * ctypes.sizeof(ctypes.c_void_p), n,
-            hidden.data_ptr(), out.data_ptr(), q_len, start,
+            ctypes.byref(self.dims), ctypes.addressof(self.native_array) + layers[0] * ctypes.sizeof(ctypes.c_void_p),
+            n, hidden.data_ptr(), out.data_ptr(), q_len, start,
             (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys]),
             (ctypes.c_void_p * n)(*[cache.values[i].data_ptr() for i in layers]),
             (ctypes.c_int * n)(*[k.shape[-1] for k in keys]),

@@ -178,7 +178,7 @@ class LayeredModel:
         """`run_layer` for layers first.. to the last; the fast engine's native kernels run them
         in one call where they can (the same results, without Python between layers)."""
         fast = self._fast()
-        done = fast.run_layers(first, hidden, ctx, cache) if fast is not None else None
+        done = fast.run_native(range(first, self.num_layers), hidden, ctx, cache) if fast is not None else None
         if done is not None:
             return done
         for i in range(first, self.num_layers):

@@ -80,9 +80,6 @@ def compile_library(target: Path, flags: list[str] = FLAGS) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(target))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     lib.workspace_floats.argtypes, lib.workspace_floats.restype = [ctypes.POINTER(Dims), i32], ctypes.c_long
-    lib.layer_forward.argtypes = [ctypes.POINTER(Dims), ctypes.POINTER(Layer), ptr, ptr, i32, i32, ptr, ptr, i32,
-                                  ptr, ptr, ptr]
-    lib.layer_forward.restype = None
     lib.layers_forward.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.layers_forward.restype = None
     lib.linear_workspace_floats.argtypes, lib.linear_workspace_floats.restype = [i32, i32, i32], ctypes.c_long

@@ -355,9 +355,9 @@ long workspace_floats(const dims_t *dm, int rows) {
 /* One decoder layer for `rows` new positions start, start + 1, ...: hidden (rows, hidden) bf16 in,
  * out (rows, hidden) bf16; writes the rows' keys and values at those positions of the cache;
  * cos/sin: the rotary rows of those positions (rows, head_dim) bf16. */
-void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out, int rows, int start,
-                   uint16_t *keys, uint16_t *values, int capacity, const uint16_t *cos, const uint16_t *sin,
-                   float *ws) {
+static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out, int rows,
+                          int start, uint16_t *keys, uint16_t *values, int capacity, const uint16_t *cos,
+                          const uint16_t *sin, float *ws) {
     int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, I = dm->intermediate;
     int nqkv = (H + 2 * KV) * d;
     float *h = ws, *x = h + (size_t)rows * Hd, *qkv = x + (size_t)rows * Hd, *att = qkv + (size_t)rows * nqkv;
