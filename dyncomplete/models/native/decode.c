@@ -28,6 +28,7 @@
 #endif
 
 #define GROUP 32
+#define PRAGMA_UNROLL _Pragma("GCC unroll 8") /* tiles' loops: accumulators stay in registers */
 
 typedef struct {
     const uint8_t *q;                      /* (out, in / 2) levels, two a byte (see above) */
@@ -77,86 +78,117 @@ typedef struct {
     float *sums;   /* (rows, CHUNKS * CHUNK): dx * sum of the group's int8 values */
 } qinput_t;
 
-static qinput_t quantize_input(const float *x, int rows, int in, float *scratch) {
-    int chunks = CHUNKS(in), groups = in / GROUP;
+static qinput_t input_layout(int rows, int in, float *scratch) {
+    int chunks = CHUNKS(in);
     qinput_t qi = {(int8_t *)scratch, scratch + (size_t)rows * chunks * 32, scratch + (size_t)rows * chunks * 48};
-    memset(scratch, 0, sizeof(float) * (size_t)rows * INPUT_SCRATCH(in));
-    for (int r = 0; r < rows; r++)
-        for (int g = 0; g < groups; g++) {
-            const float *p = x + (size_t)r * in + g * GROUP;
-            float amax = 0.f;
-            for (int j = 0; j < GROUP; j++) amax = fmaxf(amax, fabsf(p[j]));
-            float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-            int c = g / CHUNK, k = g % CHUNK, total = 0;
-            int8_t *dst = qi.q + ((size_t)r * chunks + c) * CHUNK * GROUP;
-            for (int j = 0; j < GROUP; j++) {
-                int v = (int)nearbyintf(p[j] * inv);
-                dst[(j / 16) * 64 + k * 16 + j % 16] = (int8_t)v;
-                total += v;
-            }
-            for (int l = 0; l < 4; l++) qi.lanes[((size_t)r * chunks + c) * 16 + k * 4 + l] = dx;
-            qi.sums[(size_t)r * chunks * CHUNK + g] = dx * (float)total;
-        }
     return qi;
 }
 
+/* Group g of row r of x into qi (zeros past the last group of a chunk come from the caller's
+ * memset). The vector version runs the scalar one's operations: max |x| (exact in any order),
+ * x * (127 / max) rounded to nearest even, an exact integer sum. */
+static inline void quantize_group(const float *x, int r, int g, int in, qinput_t qi) {
+    int chunks = CHUNKS(in), c = g / CHUNK, k = g % CHUNK;
+    const float *p = x + (size_t)r * in + g * GROUP;
+    int8_t *dst = qi.q + ((size_t)r * chunks + c) * CHUNK * GROUP;
+#ifdef VECTOR_512
+    __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    __m512i va = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv))); /* MXCSR: nearest even */
+    __m512i vb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
+    _mm_storeu_si128((__m128i *)(dst + k * 16), _mm512_cvtepi32_epi8(va));
+    _mm_storeu_si128((__m128i *)(dst + 64 + k * 16), _mm512_cvtepi32_epi8(vb));
+    int total = _mm512_reduce_add_epi32(_mm512_add_epi32(va, vb));
+#else
+    float amax = 0.f;
+    for (int j = 0; j < GROUP; j++) amax = fmaxf(amax, fabsf(p[j]));
+    float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    int total = 0;
+    for (int j = 0; j < GROUP; j++) {
+        int v = (int)nearbyintf(p[j] * inv);
+        dst[(j / 16) * 64 + k * 16 + j % 16] = (int8_t)v;
+        total += v;
+    }
+#endif
+    for (int l = 0; l < 4; l++) qi.lanes[((size_t)r * chunks + c) * 16 + k * 4 + l] = dx;
+    qi.sums[(size_t)r * chunks * CHUNK + g] = dx * (float)total;
+}
+
 #if defined(VECTOR_512) && defined(__AVX512VNNI__)
-/* NC (up to 4) output features x NR (up to 4) rows: per chunk of 4 groups and row, two u8 x s8
- * dot products (VNNI) into 16 int32 lanes, 4 a group, then scaled in float:
+/* NC output features x NR rows: per chunk of 4 groups and row, two u8 x s8 dot products (VNNI)
+ * into 16 int32 lanes, 4 a group, then scaled in float:
  * w x = scale * dx * sum(q xq) + (zero - 8 * scale) * dx * sum(xq).
- * Each (feature, row) pair runs the same operations in any tile. */
+ * The first term is accumulated chunk by chunk, the second in its own pass (16 groups a vector),
+ * so that the accumulators of a whole tile stay in registers; the rows' values and scales are
+ * read from memory as operands. Each (feature, row) pair runs the same operations in any tile. */
 static inline __attribute__((always_inline)) void tile(const linear_t *lin, int n0, int NC, qinput_t qi, int r0,
                                                        int NR, float *out) {
     int in = lin->in, groups = in / GROUP, chunks = CHUNKS(in);
-    __m512 acc[4][4], zacc[4][4];
+    __m512 acc[4][8];
+    PRAGMA_UNROLL
     for (int c = 0; c < NC; c++)
-        for (int r = 0; r < NR; r++) acc[c][r] = zacc[c][r] = _mm512_setzero_ps();
+        PRAGMA_UNROLL
+        for (int r = 0; r < NR; r++) acc[c][r] = _mm512_setzero_ps();
     const __m512i nibble = _mm512_set1_epi8(15);
     for (int g0 = 0; g0 < groups; g0 += 16) { /* 16 groups: one vector of scales */
         int ng = groups - g0 < 16 ? groups - g0 : 16;
         __mmask16 mask = (__mmask16)((1u << ng) - 1);
         __m512 sc[4];
-        for (int c = 0; c < NC; c++) {
-            size_t at = (size_t)(n0 + c) * groups + g0;
-            __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lin->scales + at)), 16));
-            __m512 z = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lin->zeros + at)), 16));
-            __m512 zero = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), s, z);
-            for (int r = 0; r < NR; r++)
-                zacc[c][r] = _mm512_fmadd_ps(
-                    zero, _mm512_maskz_loadu_ps(mask, qi.sums + (size_t)(r0 + r) * chunks * CHUNK + g0), zacc[c][r]);
-            sc[c] = s;
-        }
+        PRAGMA_UNROLL
+        for (int c = 0; c < NC; c++)
+            sc[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lin->scales + (size_t)(n0 + c) * groups + g0)), 16));
         for (int k = 0; k < (ng + CHUNK - 1) / CHUNK; k++) {
             int chunk = g0 / CHUNK + k, left = groups - chunk * CHUNK;
             __mmask64 bytes = left >= CHUNK ? ~(__mmask64)0 : (((__mmask64)1 << (left * 16)) - 1);
             __m512i idx = _mm512_srli_epi32(_mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
                                                                               4, 3, 2, 1, 0),
                                                              _mm512_set1_epi32(16 * k)), 2);
-            __m512i xl[4], xh[4];
-            __m512 dx[4];
-            for (int r = 0; r < NR; r++) {
-                const int8_t *px = qi.q + ((size_t)(r0 + r) * chunks + chunk) * CHUNK * GROUP;
-                xl[r] = _mm512_loadu_si512(px), xh[r] = _mm512_loadu_si512(px + 64);
-                dx[r] = _mm512_loadu_ps(qi.lanes + ((size_t)(r0 + r) * chunks + chunk) * 16);
-            }
+            PRAGMA_UNROLL
             for (int c = 0; c < NC; c++) {
                 const uint8_t *q = lin->q + (size_t)(n0 + c) * (in / 2) + chunk * 64;
                 __m512i v = _mm512_maskz_loadu_epi8(bytes, q);
                 __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
                 __m512 s = _mm512_permutexvar_ps(idx, sc[c]);
+                PRAGMA_UNROLL
                 for (int r = 0; r < NR; r++) {
-                    __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl[r]), hi, xh[r]);
-                    acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(s, dx[r]), acc[c][r]);
+                    const int8_t *px = qi.q + ((size_t)(r0 + r) * chunks + chunk) * CHUNK * GROUP;
+                    __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
+                                                                        _mm512_loadu_si512(px)),
+                                                    hi, _mm512_loadu_si512(px + 64));
+                    __m512 dx = _mm512_loadu_ps(qi.lanes + ((size_t)(r0 + r) * chunks + chunk) * 16);
+                    acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(s, dx), acc[c][r]);
                 }
             }
         }
     }
-    for (int c = 0; c < NC; c++)
+    PRAGMA_UNROLL
+    for (int c = 0; c < NC; c++) {
+        float main_part[8];
+        PRAGMA_UNROLL
+        for (int r = 0; r < NR; r++) main_part[r] = _mm512_reduce_add_ps(acc[c][r]);
+        __m512 zacc[8];
+        PRAGMA_UNROLL
+        for (int r = 0; r < NR; r++) zacc[r] = _mm512_setzero_ps();
+        for (int g0 = 0; g0 < groups; g0 += 16) {
+            int ng = groups - g0 < 16 ? groups - g0 : 16;
+            __mmask16 mask = (__mmask16)((1u << ng) - 1);
+            size_t at = (size_t)(n0 + c) * groups + g0;
+            __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lin->scales + at)), 16));
+            __m512 z = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lin->zeros + at)), 16));
+            __m512 zero = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), s, z);
+            PRAGMA_UNROLL
+            for (int r = 0; r < NR; r++)
+                zacc[r] = _mm512_fmadd_ps(
+                    zero, _mm512_maskz_loadu_ps(mask, qi.sums + (size_t)(r0 + r) * chunks * CHUNK + g0), zacc[r]);
+        }
+        PRAGMA_UNROLL
         for (int r = 0; r < NR; r++)
-            out[(size_t)(r0 + r) * lin->out + n0 + c] = _mm512_reduce_add_ps(acc[c][r]) +
-                                                        _mm512_reduce_add_ps(zacc[c][r]);
+            out[(size_t)(r0 + r) * lin->out + n0 + c] = main_part[r] + _mm512_reduce_add_ps(zacc[r]);
+    }
 }
 #else
 /* Portable version (no AVX512-VNNI): the same product, in plain loops. */
@@ -181,26 +213,45 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
 }
 #endif
 
-#define TILE_N 4
-#define TILE_R 4
+/* Tiles: 4 features x 1 row for one-row products (four weight streams at once); 2 features x up
+ * to 8 rows otherwise, so that a weight chunk decoded once serves 8 rows and the 16
+ * accumulators stay in registers. */
+#define TILE_R 8
 
 /* out (rows, lin->out) = x (rows, lin->in) W^T + bias, float32; scratch: rows * INPUT_SCRATCH(in). */
 static void linear_f32(const linear_t *lin, const float *x, int rows, float *scratch, float *out) {
-    qinput_t qi = quantize_input(x, rows, lin->in, scratch);
-    int tiles = (lin->out + TILE_N - 1) / TILE_N;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < tiles; t++) {
-        int n0 = t * TILE_N;
-        int nc = lin->out - n0 < TILE_N ? lin->out - n0 : TILE_N;
-        for (int r0 = 0; r0 < rows; r0 += TILE_R) {
-            int nr = rows - r0 < TILE_R ? rows - r0 : TILE_R;
-            if (nc == 4 && nr == 4) tile(lin, n0, 4, qi, r0, 4, out);
-            else if (nc == 4 && nr == 3) tile(lin, n0, 4, qi, r0, 3, out);
-            else if (nc == 4 && nr == 2) tile(lin, n0, 4, qi, r0, 2, out);
-            else if (nc == 4) tile(lin, n0, 4, qi, r0, 1, out);
-            else
-                for (int c = 0; c < nc; c++)
-                    for (int r = 0; r < nr; r++) tile(lin, n0 + c, 1, qi, r0 + r, 1, out);
+    int groups = lin->in / GROUP;
+    qinput_t qi = input_layout(rows, lin->in, scratch);
+    memset(scratch, 0, sizeof(float) * (size_t)rows * INPUT_SCRATCH(lin->in));
+    int width = rows == 1 ? 4 : 2, tiles = (lin->out + width - 1) / width;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int i = 0; i < rows * groups; i++) quantize_group(x, i / groups, i % groups, lin->in, qi);
+#pragma omp for schedule(static)
+        for (int t = 0; t < tiles; t++) {
+            int n0 = t * width;
+            if (lin->out - n0 < width) { /* the last features, one at a time */
+                for (int n = n0; n < lin->out; n++)
+                    for (int r = 0; r < rows; r++) tile(lin, n, 1, qi, r, 1, out);
+                continue;
+            }
+            if (width == 4) {
+                tile(lin, n0, 4, qi, 0, 1, out);
+                continue;
+            }
+            for (int r0 = 0; r0 < rows; r0 += TILE_R) {
+                switch (rows - r0 < TILE_R ? rows - r0 : TILE_R) {
+                case 1: tile(lin, n0, 2, qi, r0, 1, out); break;
+                case 2: tile(lin, n0, 2, qi, r0, 2, out); break;
+                case 3: tile(lin, n0, 2, qi, r0, 3, out); break;
+                case 4: tile(lin, n0, 2, qi, r0, 4, out); break;
+                case 5: tile(lin, n0, 2, qi, r0, 5, out); break;
+                case 6: tile(lin, n0, 2, qi, r0, 6, out); break;
+                case 7: tile(lin, n0, 2, qi, r0, 7, out); break;
+                default: tile(lin, n0, 2, qi, r0, 8, out);
+                }
+            }
         }
     }
     if (lin->bias)
