@@ -14,6 +14,7 @@ from test_layered import tiny_model
 from dyncomplete import methods
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods.baseline import Baseline
+from dyncomplete.methods.verify import Draft, commit_path, score
 from dyncomplete.models import LayeredModel, load
 from dyncomplete.models.attention import SHORT_QUERY
 from dyncomplete.models.fast import Linear, quantize_int4, quantize_int8
@@ -244,3 +245,46 @@ def test_auto_weights_are_int4_only_for_the_fast_engine_in_bfloat16_on_the_cpu()
     assert default_quant("fast", cpu, torch.float32) == "none"
     assert default_quant("hf", cpu, torch.bfloat16) == "none"
     assert default_quant("fast", cuda, torch.bfloat16) == "none"
+
+
+@pytest.mark.parametrize("fixture", ["smollm", "smollm_bf16"])
+def test_a_token_tree_gives_each_row_the_logits_and_cache_of_its_own_chain(fixture, request):
+    check_tree_against_chains(request.getfixturevalue(fixture))
+
+
+def test_a_token_tree_on_quantized_weights_too(quantized):
+    check_tree_against_chains(quantized)
+
+
+def check_tree_against_chains(model):
+    """One pass over a token tree (two branches, one of them forked again) against plain passes
+    over each row's own chain: the same bits in bfloat16 (PyTorch's tree mask; int8) and int4
+    (the native kernels' tree attention), where passes are batch-invariant by design; in float32,
+    where SDPA's sums depend on the keys' count, within rounding. After `commit_path` the cache
+    holds what the accepted branch's chain would have left."""
+    same = torch.equal if model.dtype != torch.float32 else (
+        lambda a, b: torch.allclose(a, b, atol=1e-4, rtol=1e-5) and a.argmax() == b.argmax())
+    ids = long_ids(model, 400)
+    start = 380
+    tokens = [ids[381], 17, ids[382], 23, ids[383], 29]
+    parents = [-1, -1, 0, 0, 2, 1]
+    draft = Draft(tokens, parents=parents)
+    base = model.new_cache()
+    model.forward(torch.tensor(ids[:start]), base)
+    tree_cache = base.copy()
+    logits = score(model, tree_cache, ids[start], draft, start)
+    for row in range(len(tokens) + 1):
+        chain, node = [], row - 1
+        while node >= 0:
+            chain.insert(0, tokens[node])
+            node = parents[node]
+        cache = base.copy()
+        want = model.forward(torch.tensor([ids[start]] + chain), cache, start=start, last_only=False)[0, -1]
+        assert same(logits[row], want), row
+    commit_path(tree_cache, start, [0, 2, 4])
+    chain_cache = base.copy()
+    model.forward(torch.tensor(ids[start : start + 4]), chain_cache, start=start, last_only=False)
+    assert tree_cache.lengths == chain_cache.lengths == [start + 4] * model.num_layers
+    for i in range(model.num_layers):
+        assert same(tree_cache.keys[i][..., : start + 4].flatten(), chain_cache.keys[i][..., : start + 4].flatten())
+        assert same(tree_cache.values[i][..., : start + 4, :].flatten(), chain_cache.values[i][..., : start + 4, :].flatten())

@@ -2,6 +2,9 @@
 bfloat16 for `lookup`) on real prompts, speculative sampling keeps the sampling distribution, the
 cache ends as plain decoding leaves it, and no layer runs twice for an accepted token."""
 
+import sysconfig
+from pathlib import Path
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -11,9 +14,10 @@ from dyncomplete import methods
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods.baseline import Baseline
 from dyncomplete.engine.sampling import sampling_probs
-from dyncomplete.methods.proposers import DraftModelProposer, LookupProposer, SelfDraftProposer
+from dyncomplete.methods.datastore import Datastore
+from dyncomplete.methods.proposers import DraftModelProposer, LookupProposer, RetrievalProposer, SelfDraftProposer
 from dyncomplete.methods.speculative import SpeculativeDecoding
-from dyncomplete.methods.verify import accept_sampled
+from dyncomplete.methods.verify import Draft, accept_sampled, accept_tree
 from dyncomplete.exits.heads import lens_heads, load_heads
 from dyncomplete.models import load
 
@@ -49,12 +53,40 @@ def test_greedy_identical_to_baseline_on_50_prompts(name, smollm, prompts, refer
     assert drafted > 0 and 0 < accepted <= drafted  # the proposer really drafted, and some landed
 
 
-def test_greedy_identical_to_baseline_in_bfloat16_too(smollm_bf16, prompts):
+@pytest.fixture(scope="module")
+def stdlib_store(smollm):
+    """A datastore of the standard library's top-level modules, the prompts' files among them: many
+    long drafts, so identity is tested where most drafted tokens land."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(root.glob("*.py"))[:120]]
+    return Datastore.build([smollm.tokenizer(t, add_special_tokens=False).input_ids for t in texts],
+                           separator=len(smollm.tokenizer))
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_retrieval_greedy_identical_to_baseline_on_50_prompts(tree, smollm, prompts, reference, stdlib_store):
+    stats = identical(SpeculativeDecoding(RetrievalProposer(stdlib_store, tree=tree)), smollm, prompts, reference)
+    from_store = [c for s in stats for source, c in s.by_source.items() if "datastore" in source]
+    steps, drafted, accepted = (sum(c[i] for c in from_store) for i in range(3))
+    assert steps > 0 and accepted > 0.1 * drafted  # the store drafted, and a good share landed
+    if tree:  # several candidates a step, and accepted paths longer than one token
+        assert drafted > 1.5 * steps and max(len(s.accepted_per_position) for s in stats) > 2
+
+
+@pytest.fixture(scope="module")
+def reference_bf16(smollm_bf16, prompts):
+    return [Baseline().generate(smollm_bf16, ids, GenerationParams(max_new_tokens=NEW_TOKENS)).token_ids
+            for ids in prompts]
+
+
+def test_retrieval_identical_in_bfloat16(smollm_bf16, prompts, reference_bf16, stdlib_store):
+    identical(SpeculativeDecoding(RetrievalProposer(stdlib_store)), smollm_bf16, prompts, reference_bf16)
+
+
+def test_greedy_identical_to_baseline_in_bfloat16_too(smollm_bf16, prompts, reference_bf16):
     """The default dtype on this CPU: identity rests on batch-invariant products (models/invariant.py);
     one proposer suffices here, since the products, not the proposers, decide it."""
-    reference = [Baseline().generate(smollm_bf16, ids, GenerationParams(max_new_tokens=NEW_TOKENS)).token_ids
-                 for ids in prompts]
-    identical(methods.make_method("lookup", smollm_bf16), smollm_bf16, prompts, reference)
+    identical(methods.make_method("lookup", smollm_bf16), smollm_bf16, prompts, reference_bf16)
 
 
 def test_draft_model_drafting_for_itself_is_always_accepted(smollm, prompts, reference):
@@ -128,6 +160,43 @@ def test_speculative_sampling_preserves_the_distribution(draft_kind):
     observed, want = counts.reshape(-1)[keep], expected.reshape(-1)[keep] * draws
     assert observed.sum() == draws and counts.reshape(-1)[~keep].sum() == 0  # top-p cut respected
     assert chisquare(observed.numpy(), want.numpy() * observed.sum().item() / want.sum().item()).pvalue > 1e-3
+
+
+def test_tree_acceptance_preserves_the_distribution():
+    """Two tokens from a toy chain, drafted as a tree (two first tokens, one of them with a child),
+    accepted by `accept_tree`: the joint frequency must match the target's (chi-square, 12k draws)."""
+    gen = torch.Generator().manual_seed(1)
+    vocab = 6
+    params = GenerationParams(temperature=0.8, top_p=0.95)
+    p_first = torch.softmax(torch.randn(vocab, generator=gen), 0)
+    p_table = torch.softmax(torch.randn(vocab, vocab, generator=gen), 1)
+    target_first = sampling_probs(p_first.log(), params)
+    expected = target_first[:, None] * torch.stack([sampling_probs(p_table[a].log(), params) for a in range(vocab)])
+    draft = Draft([2, 4, 1], parents=[-1, -1, 0])
+    logits = torch.stack([p_first, p_table[2], p_table[4], p_table[1]]).log()
+    counts = torch.zeros(vocab, vocab)
+    draws = 12000
+    for _ in range(draws):
+        path, nxt = accept_tree(logits, draft, params, gen)
+        out = [draft.tokens[i] for i in path] + [nxt]
+        if len(out) == 1:
+            out.append(int(torch.multinomial(sampling_probs(p_table[out[0]].log(), params), 1, generator=gen)))
+        counts[out[0], out[1]] += 1
+    keep = expected.reshape(-1) > 0
+    observed, want = counts.reshape(-1)[keep], expected.reshape(-1)[keep] * draws
+    assert counts.reshape(-1)[~keep].sum() == 0
+    assert chisquare(observed.numpy(), want.numpy() * observed.sum().item() / want.sum().item()).pvalue > 1e-3
+
+
+def test_greedy_tree_acceptance_follows_the_argmax_through_the_tree():
+    draft = Draft([2, 4, 1, 3], parents=[-1, -1, 0, 0])
+    rows = torch.full((5, 6), -5.0)
+    for row, best in enumerate([2, 1, 0, 5, 0]):  # root -> 2 -> (2, 1) -> 5, not drafted
+        rows[row, best] = 5.0
+    assert accept_tree(rows, draft, GenerationParams(), None) == ([0, 2], 5)
+    rows[0] = -5.0
+    rows[0, 3] = 5.0  # the root's choice is no child: nothing accepted, the model's token comes next
+    assert accept_tree(rows, draft, GenerationParams(), None) == ([], 3)
 
 
 def test_sampled_speculation_is_reproducible_with_a_seed(smollm, prompts):

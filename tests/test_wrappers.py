@@ -6,6 +6,7 @@ import pytest
 
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods import FAMILIES, make_method, parse_method
+from dyncomplete.methods.datastore import Datastore
 
 # One buildable name per family, cheap on SmolLM2. A new family needs a line here.
 EXAMPLES = {
@@ -15,6 +16,7 @@ EXAMPLES = {
     "self-spec": "self-spec",
     "lookup+self": "lookup+self",
     "draft-model": "draft-model:smollm2-135m/2",  # drafts with the model itself (load patched below)
+    "retrieval": "retrieval:test/4",  # a store of a few lines (opening patched below)
     "hf-generate": "hf-generate",
     "llama-cpp": "llama-cpp",
 }
@@ -39,6 +41,9 @@ def test_every_wrapper_over_every_family(smollm, monkeypatch, wrapper, family):
             parse_method(name)
         return
     monkeypatch.setattr("dyncomplete.methods.speculative.load", lambda *args, **kwargs: smollm)
+    text = "def area(r):\n    return 3.14 * r * r\n" * 3
+    store = Datastore.build([smollm.tokenizer(text, add_special_tokens=False).input_ids], len(smollm.tokenizer))
+    monkeypatch.setattr(Datastore, "for_model", lambda model, name: store)
     ids = smollm.tokenizer("def area(r):\n    return 3.14 *", add_special_tokens=False).input_ids
     params = GenerationParams(max_new_tokens=6)
     wrapped = make_method(name, smollm).generate(smollm, ids, params)

@@ -64,6 +64,7 @@ def summarize_method(rows: list[dict], baseline: dict[str, dict]) -> dict:
         entry["acceptance_rate"] = total("accepted") / drafted
         entry["mean_accepted_length"] = _ratio(new_tokens, total("verify_steps"))
         entry["acceptance_per_position"] = _per_position(stats)
+        entry["draft_sources"] = _by_source(stats)
     entry["stopped_by"] = dict(sorted(_count(s["stopped_by"] for s in stats).items()))
     read = rows[0].get("weight_bytes") if rows else None
     entry["weight_bytes"] = read
@@ -79,6 +80,15 @@ def _per_position(stats: list[dict]) -> list[float]:
             drafted[pos] += d
             accepted[pos] += a
     return [accepted[p] / drafted[p] for p in sorted(drafted) if drafted[p]]
+
+
+def _by_source(stats: list[dict]) -> dict:
+    """Per draft source: verification steps, drafted and accepted tokens (what each source gave)."""
+    totals = defaultdict(lambda: [0, 0, 0])
+    for s in stats:
+        for source, counts in s.get("by_source", {}).items():
+            totals[source] = [a + b for a, b in zip(totals[source], counts)]
+    return {k: dict(zip(("steps", "drafted", "accepted"), v)) for k, v in sorted(totals.items())}
 
 
 def _count(values) -> dict:

@@ -28,6 +28,8 @@ class Stats:
     verify_steps: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # draft source -> [steps, drafted, accepted]
+    draft_sizes: list[int] = field(default_factory=list)  # tokens drafted (chain or tree) per verification
     token_layers: list[int] = field(default_factory=list)  # layers run for each emitted token
     token_sources: list[str] = field(default_factory=list)  # "full", "exit", "draft", "bonus"
     stopped_by: str = ""  # max_tokens, eos, newline, stop, cancelled, stop_rule
@@ -45,12 +47,18 @@ class Stats:
         self.layer_evals += tokens * num_layers
         self.head_evals += tokens
 
-    def record_draft(self, drafted: int, accepted: int) -> None:
-        """One verification step over `drafted` tokens of which the first `accepted` agreed."""
+    def record_draft(self, drafted: int, accepted: int, source: str = "draft", depths: list[int] | None = None) -> None:
+        """One verification step over `drafted` tokens from `source` (a proposer's name, or where
+        it found them) of which `accepted` agreed (a chain's prefix, a tree's path). `depths`: each
+        drafted token's depth in a tree; per depth the step counts as drafted once and as accepted
+        if the accepted path reached that depth (for a chain, per position)."""
         self.drafted += drafted
         self.accepted += accepted
         self.verify_steps += 1
-        for pos in range(drafted):
+        self.draft_sizes.append(drafted)
+        counts = self.by_source.setdefault(source, [0, 0, 0])
+        counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + drafted, counts[2] + accepted
+        for pos in range(max(depths) if depths else drafted):
             if pos >= len(self.drafted_per_position):
                 self.drafted_per_position.append(0)
                 self.accepted_per_position.append(0)

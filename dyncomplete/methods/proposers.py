@@ -7,6 +7,8 @@
   states go to verification, which runs only layers E..L-1 (LayerSkip's KV sharing).
 - `DraftModelProposer`: a separate smaller model with the same tokenizer and its own cache.
 - `LookupThenSelf`: n-gram drafts where the context has a match, self-drafts otherwise.
+- `RetrievalProposer`: the most frequent continuation of the context's longest tail in a datastore
+  of code (REST), or the context's own lookup, whichever promises more per unit of work.
 
 The decode loop calls `begin` once per request: it returns a copy of the proposer that holds that
 request's state (index, shortlist, draft cache, acceptance statistics), so the method object a
@@ -24,7 +26,7 @@ import torch
 
 from ..energy.work import full_pass_macs, head_macs, layer_macs
 from ..engine.sampling import draw
-from .draft_control import AcceptanceTracker, ExitLayerController, best_length
+from .draft_control import AcceptanceTracker, ExitLayerController, best_length, expected_tokens
 from .verify import Draft
 
 VERIFY_COST = 0.1  # wall time of one extra verified position, relative to one decode step (CPU)
@@ -253,3 +255,145 @@ class LookupThenSelf(Proposer):
 
     def feedback(self, draft, accepted):
         self.used.feedback(draft, accepted)
+
+
+class RetrievalProposer(Proposer):
+    """REST-style drafting from a `Datastore`: the longest tail of the context (up to `max_match`
+    tokens) found in the store, and the continuations of its occurrences. The context's own n-gram
+    lookup takes part at every step.
+
+    As a tree (default): every continuation prefix that at least `min_share` of the occurrences
+    start with, and the lookup's draft, each node valued at its estimated chance of acceptance:
+    its parent's times the acceptance measured so far for nodes whose parent was accepted, by
+    bucket of the node's share among its parent's occurrences (for the lookup's draft, its
+    per-position acceptance rates). The tree keeps the most valued nodes up to the size that
+    maximises expected tokens per unit of verification work (EAGLE-2's selection, DySpec's
+    stopping rule with the measured verify cost). As a chain (`tree=False`): the store's most
+    frequent continuation, cut where fewer than `floor` of the occurrences agree, or the lookup's
+    draft, whichever promises more, each source with its own acceptance trackers."""
+
+    name = "retrieval"
+    MIN_MATCH = 2  # a one-token tail says little about what follows
+    TREE_DEPTH = 8
+    SHARE_EDGES = (0.1, 0.25, 0.5, 0.75, 0.9)  # buckets of a node's share among its parent's occurrences
+
+    def __init__(self, store, max_draft: int = 10, verify_cost: float = VERIFY_COST, max_match: int = 24,
+                 floor: float = 0.3, tree: bool = True, min_share: float = 0.05):
+        self.store, self.max_draft, self.verify_cost = store, max_draft, verify_cost
+        self.max_match, self.floor, self.tree, self.min_share = max_match, floor, tree, min_share
+        self.lookup_template = LookupProposer(max_draft, verify_cost=verify_cost)
+
+    def start(self, model, prompt_ids, params, generator, stats):
+        super().start(model, prompt_ids, params, generator, stats)
+        self.lookup = self.lookup_template.begin(model, prompt_ids, params, generator, stats)
+        self.trackers = {n: AcceptanceTracker(self.max_draft) for n in range(self.MIN_MATCH, 9)}
+        self.unprofitable = 0
+        self.used: AcceptanceTracker | None = None
+        # per share bucket: [accepted, tried] for store nodes whose parent was accepted, a prior of
+        # two tries at the bucket's lower edge
+        lows = (0.05,) + self.SHARE_EDGES
+        self.by_share = [[2 * low, 2.0] for low in lows]
+        self.nodes: list[tuple[tuple[int, ...], str, int | None]] = []  # the last tree: path, source, bucket
+        self.context_draft: list[int] = []
+
+    def _value(self, tracker: AcceptanceTracker, k: int) -> float:
+        return expected_tokens(tracker.rates(), k) / (1.0 + k * self.verify_cost)
+
+    # -- chain --------------------------------------------------------------------------------
+
+    def _chain_from_store(self, context: list[int]) -> tuple[list[int], AcceptanceTracker | None, float]:
+        n, lo, hi = self.store.longest_match(context, self.max_match)
+        if n < self.MIN_MATCH:
+            return [], None, 0.0
+        tokens = []
+        for step in self.store.continuation(lo, hi, self.max_draft):
+            if step.count < self.floor * step.of:
+                break
+            tokens.append(step.token)
+        tracker = self.trackers[min(n, 8)]
+        k, value = best_length(tracker.rates(), self.verify_cost, len(tokens))
+        if k == 0 and tokens:  # not worth it by the evidence so far: probe one token now and then
+            self.unprofitable += 1
+            k = int(self.unprofitable % PROBE_EVERY == 0)
+        return tokens[:k], tracker, value
+
+    def _chain(self, from_context: Draft, context: list[int]) -> Draft:
+        context_value = (self._value(self.lookup.trackers[self.lookup.matched], len(from_context.tokens))
+                         if from_context.tokens else 0.0)
+        tokens, tracker, value = self._chain_from_store(context)
+        if tokens and value > context_value:
+            self.used = tracker
+            return Draft(tokens, source="datastore")
+        self.used = None
+        return Draft(from_context.tokens, source="context")
+
+    # -- tree ---------------------------------------------------------------------------------
+
+    def _bucket(self, share: float) -> int:
+        return sum(share >= edge for edge in self.SHARE_EDGES)
+
+    def _candidates(self, from_context: Draft, context: list[int]) -> dict[tuple[int, ...], tuple[float, str, int | None]]:
+        """path -> (estimated chance of acceptance, source, share bucket for store nodes)."""
+        found: dict[tuple[int, ...], tuple[float, str, int | None]] = {}
+        n, lo, hi = self.store.longest_match(context, self.max_match)
+        if n >= self.MIN_MATCH:
+            paths, shares = self.store.tree(lo, hi, min(self.TREE_DEPTH, self.max_draft), self.min_share)
+            share_of = dict(zip(paths, shares))
+            for path in sorted(paths, key=len):  # parents first
+                bucket = self._bucket(share_of[path] / share_of.get(path[:-1], 1.0))
+                hits, tries = self.by_share[bucket]
+                parent = found[path[:-1]][0] if len(path) > 1 else 1.0
+                found[path] = (parent * hits / tries, "datastore", bucket)
+        run = 1.0
+        rates = self.lookup.trackers[self.lookup.matched].rates() if from_context.tokens else []
+        for d, rate in enumerate(rates[: len(from_context.tokens)]):
+            run *= rate
+            path = tuple(from_context.tokens[: d + 1])
+            if run > found.get(path, (0.0,))[0]:
+                found[path] = (run, "context", found.get(path, (0.0, "", None))[2])
+        return found
+
+    def _tree(self, from_context: Draft, context: list[int]) -> Draft:
+        found = self._candidates(from_context, context)
+        order = sorted(found, key=lambda path: (-found[path][0], len(path)))[: self.max_draft]
+        best, size, gained = 1.0, 0, 1.0
+        for i, path in enumerate(order):  # expected tokens per unit of work, node by node
+            gained += found[path][0]
+            value = gained / (1.0 + (i + 1) * self.verify_cost)
+            if value > best:
+                best, size = value, i + 1
+        chosen = sorted(order[:size], key=len)  # parents before children (a prefix is never less likely)
+        index = {path: i for i, path in enumerate(chosen)}
+        self.nodes = [(path, found[path][1], found[path][2]) for path in chosen]
+        self.context_draft = list(from_context.tokens)
+        sources = {found[path][1] for path in chosen}
+        return Draft([path[-1] for path in chosen], source="+".join(sorted(sources)) or "datastore",
+                     parents=[index[path[:-1]] if len(path) > 1 else -1 for path in chosen])
+
+    def propose(self, model, cache, context, position):
+        from_context = self.lookup.propose(model, cache, context, position)
+        return self._tree(from_context, context) if self.tree else self._chain(from_context, context)
+
+    def feedback(self, draft, accepted):
+        if not draft.tokens:
+            return
+        if not self.tree:
+            if self.used is not None:
+                self.used.update(len(draft.tokens), accepted)
+            else:
+                self.lookup.feedback(draft, accepted)
+            return
+        path = tuple(draft.tokens[i] for i in draft.accepted)
+        for node, _, bucket in self.nodes:  # store nodes whose parent was accepted: was the node?
+            if bucket is not None and node[:-1] == path[: len(node) - 1]:
+                counts = self.by_share[bucket]
+                counts[0], counts[1] = 0.99 * counts[0] + (node == path[: len(node)]), 0.99 * counts[1] + 1
+        held = {node for node, _, _ in self.nodes}
+        drafted = 0
+        while drafted < len(self.context_draft) and tuple(self.context_draft[: drafted + 1]) in held:
+            drafted += 1
+        if drafted:  # the lookup's draft as far as the tree held it, and how much of it landed
+            agreed = 0
+            while agreed < min(drafted, len(path)) and path[agreed] == self.context_draft[agreed]:
+                agreed += 1
+            self.lookup.feedback(Draft(self.context_draft[:drafted]), agreed)

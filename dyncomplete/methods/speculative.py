@@ -13,6 +13,8 @@ Method names (parsed by `registry.parse_method`):
   self-spec:entropy[@H]         the same with an entropy stop at H nats (SVIP)
   lookup+self[:E[/K]]           lookup where the context matches, self-draft otherwise
   draft-model:ALIAS[/K]         a smaller model of the same tokenizer drafts K tokens
+  retrieval:STORE[/K][/chain]   the datastore STORE (`dyncomplete index`) and the context's lookup,
+                                as a token tree of at most K tokens (or one chain)
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from ..exits.heads import load_heads
 from ..models import load
 from ..models.verify_cost import verify_cost
 from .draft_control import ConfidenceStop, EntropyStop, ExitLayerController, expected_tokens
-from .proposers import (DraftModelProposer, LookupProposer, LookupThenSelf, Proposer, SelfDraftProposer,
-                        self_draft_costs)
-from .verify import accept, score
+from .datastore import Datastore
+from .proposers import (DraftModelProposer, LookupProposer, LookupThenSelf, Proposer, RetrievalProposer,
+                        SelfDraftProposer, self_draft_costs)
+from .verify import accept, accept_tree, commit_path, score
 
 DEFAULT_SELF_DRAFT = 3
 DEFAULT_DYNAMIC_MAX = 8
@@ -72,11 +75,18 @@ class SpeculativeDecoding(DecodingMethod):
             logits = score(model, cache, context[-1], draft, position)
             stats.layer_evals += (k + 1) * (depth - draft.start_layer)
             stats.head_evals += k + 1
-            accepted, next_token = accept(logits, draft, params, generator)
-            stats.record_draft(k, accepted)
-            cache.crop(position + accepted + 1)
+            if draft.parents is None:
+                accepted, next_token = accept(logits, draft, params, generator)
+                cache.crop(position + accepted + 1)
+                path = list(range(accepted))
+            else:
+                path, next_token = accept_tree(logits, draft, params, generator)
+                accepted = len(path)
+                commit_path(cache, position, path)
+            draft.accepted = path
+            stats.record_draft(k, accepted, draft.source, draft.depths())
             proposer.feedback(draft, accepted)
-            emitted = draft.tokens[:accepted] + [next_token]
+            emitted = [draft.tokens[i] for i in path] + [next_token]
             for i, t in enumerate(emitted):
                 if emitter.emit(t, depth, "draft" if i < accepted else "bonus"):
                     return
@@ -137,6 +147,12 @@ def build(name, model) -> SpeculativeDecoding:
     if name.family == "lookup+self":
         return SpeculativeDecoding(LookupThenSelf(LookupProposer(verify_cost=verify_cost(model)),
                                                   _self_draft(model, name.args, None)))
+    if name.family == "retrieval":
+        if not name.arg(0):
+            raise ValueError("retrieval needs a datastore: retrieval:STORE[/K] (build one with `dyncomplete index`)")
+        store = Datastore.for_model(model, name.arg(0))
+        return SpeculativeDecoding(RetrievalProposer(store, *_ints(name.args[1:], "MAX_DRAFT"),
+                                                     verify_cost=verify_cost(model), tree="chain" not in name.options))
     alias = name.arg(0)
     if not alias:
         raise ValueError("draft-model needs a model: draft-model:ALIAS[/K]")

@@ -6,6 +6,13 @@ shallow layers already ran). Greedy acceptance keeps the longest prefix that agr
 model's argmax; at temperature > 0 speculative sampling (Leviathan et al. 2023, Chen et al. 2023)
 accepts a drafted token x with probability min(1, p(x) / q(x)) and on rejection draws from the
 residual max(0, p - q), so every emitted token has exactly the distribution `sampling_probs` gives.
+
+A draft may be a token tree (`Draft.parents`): several continuations verified in one pass, each
+row attending to its ancestors only (`LayeredModel.context(..., tree_parents)`). Its tokens are
+fixed choices (no draft distribution), so acceptance draws the model's token at the root as
+plain decoding would (argmax, or one draw from `sampling_probs`) and moves to the child holding
+that token, until no child does: exactly plain decoding's output, or its distribution.
+`commit_path` then moves the accepted rows' keys and values to consecutive cache slots.
 """
 
 from __future__ import annotations
@@ -31,13 +38,34 @@ class Draft:
     hidden: torch.Tensor | None = None
     start_layer: int = 0
     source: str = "draft"
+    parents: list[int] | None = None  # a tree: parents[i] is the index of token i's parent, -1 the last emitted token
+    accepted: list[int] | None = None  # set by verification: the indices of the accepted tokens, in order
+
+    def rows(self) -> list[int] | None:
+        """The verification pass's row tree (row 0: the last emitted token), None for a chain."""
+        return None if self.parents is None else [-1] + [p + 1 for p in self.parents]
+
+    def depths(self) -> list[int]:
+        """Depth of each drafted token (1: a child of the last emitted token)."""
+        if self.parents is None:
+            return list(range(1, len(self.tokens) + 1))
+        depth: list[int] = []
+        for p in self.parents:
+            depth.append(1 if p < 0 else depth[p] + 1)
+        return depth
 
 
 def score(model, cache, last_token: int, draft: Draft, position: int) -> torch.Tensor:
     """Float32 logits (k+1, vocab) at positions position..position+k, where `last_token` sits at
     `position`: row i predicts the token after draft[:i]. Appends those positions to the cache."""
     k = len(draft.tokens)
-    ctx = model.context(torch.arange(position, position + k + 1, device=model.device))
+    if draft.parents is not None:
+        if draft.hidden is not None:
+            raise ValueError("a token tree is verified from the embeddings (no drafted hidden states)")
+        positions = torch.tensor([position] + [position + d for d in draft.depths()], device=model.device)
+        ctx = model.context(positions, tree_parents=draft.rows())
+    else:
+        ctx = model.context(torch.arange(position, position + k + 1, device=model.device))
     if draft.hidden is None:
         hidden = model.embed(torch.tensor([last_token] + draft.tokens, device=model.device), ctx)
         start = 0
@@ -81,7 +109,35 @@ def accept_sampled(
     return len(tokens), int(torch.multinomial(bonus, 1, generator=generator))
 
 
+def accept_tree(logits: torch.Tensor, draft: Draft, params: GenerationParams,
+                generator: torch.Generator | None) -> tuple[list[int], int]:
+    """(the accepted drafted tokens' indices, root to leaf; the model's own next token after them)."""
+    if draft.probs is not None:
+        raise ValueError("token trees hold fixed choices: a sampled draft (with probabilities) is verified as a chain")
+    children: dict[tuple[int, int], int] = {}
+    for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents)):
+        children.setdefault((parent + 1, token), i)
+    path, row = [], 0
+    while True:
+        token = (int(torch.argmax(logits[row])) if params.temperature == 0
+                 else int(torch.multinomial(sampling_probs(logits[row], params), 1, generator=generator)))
+        child = children.get((row, token))
+        if child is None:
+            return path, token
+        path.append(child)
+        row = child + 1
+
+
 def accept(logits, draft: Draft, params: GenerationParams, generator) -> tuple[int, int]:
     if params.temperature == 0:
         return accept_greedy(logits, draft.tokens)
     return accept_sampled(logits, draft.tokens, draft.probs, params, generator)
+
+
+def commit_path(cache, position: int, path: list[int]) -> None:
+    """After a tree pass: the accepted tokens' keys and values (drafted token i sits in slot
+    position + 1 + i) move to slots position + 1, position + 2, ...; the cache then ends there."""
+    for j, i in enumerate(path):
+        if i != j:
+            cache.move(position + 1 + i, position + 1 + j)
+    cache.crop(position + 1 + len(path))

@@ -220,6 +220,15 @@ class RotaryTables:
         return self.cos[index], self.sin[index], self.sin_signed[index]
 
 
+def tree_slots(parents: list[int], start: int) -> list[list[int]]:
+    """Per row of a token tree in slots start, start + 1, ...: the slots of its ancestors and
+    itself, oldest first."""
+    slots: list[list[int]] = []
+    for r, parent in enumerate(parents):
+        slots.append((slots[parent] if parent >= 0 else []) + [start + r])
+    return slots
+
+
 # -- the engine ---------------------------------------------------------------------------------
 
 
@@ -372,7 +381,9 @@ class FastEngine:
         else:
             keys_t, values = new_k.transpose(1, 2), new_v
         q = qk[:, :, :H]  # (1, q, H, d)
-        if short:
+        if short and ctx.tree_parents is not None and cache is not None:
+            out = self._tree_attention(q, keys_t, values, ctx)
+        elif short:
             out = self._short_attention(q, keys_t, values, mask, q_len)
         else:
             out = self._sdpa(layer.attn_module, q, keys_t.transpose(1, 2)[None], values[None], mask)
@@ -384,23 +395,26 @@ class FastEngine:
 
     def run_native(self, layers: range, hidden: torch.Tensor, ctx, cache) -> torch.Tensor | None:
         """`layers` (consecutive, to the last at most) in one call of decode.c, where each is native
-        and holds the cache up to the step's first position, which the step's positions follow;
-        None otherwise (the caller takes the PyTorch path). Causal attention over the cache, no
-        mask tensor needed; the same bits whether the layers run in one call or one call each."""
+        and holds the cache up to the step's first position, which the step's positions follow
+        (or, for a token tree, the slot its first row takes); None otherwise (the caller takes the
+        PyTorch path). Causal (or tree) attention over the cache, no mask tensor needed; the same
+        bits whether the layers run in one call or one call each."""
         q_len = hidden.shape[1]
         if self.native_layers is None or cache is None or q_len > SHORT_QUERY:
             return None
         start = cache.lengths[layers[0]]
-        if (ctx.position_list != list(range(start, start + q_len))
-                or any(cache.lengths[i] != start or self.native_layers[i] is None for i in layers)):
+        tree = ctx.tree_parents
+        in_order = ctx.tree_start == start if tree is not None else ctx.position_list == list(range(start, start + q_len))
+        if not in_order or any(cache.lengths[i] != start or self.native_layers[i] is None for i in layers):
             return None
+        parents = (ctypes.c_int * q_len)(*tree) if tree is not None else None
         hidden = hidden.contiguous()  # kept alive through the call
         keys = [self._cache_room(i, cache, start + q_len, hidden) for i in layers]
         n = len(keys)
         out = torch.empty_like(hidden)
         native.library().layers_forward(
             ctypes.byref(self.dims), ctypes.addressof(self.native_array) + layers[0] * ctypes.sizeof(ctypes.c_void_p),
-            n, hidden.data_ptr(), out.data_ptr(), q_len, start,
+            n, hidden.data_ptr(), out.data_ptr(), q_len, start, parents,
             (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys]),
             (ctypes.c_void_p * n)(*[cache.values[i].data_ptr() for i in layers]),
             (ctypes.c_int * n)(*[k.shape[-1] for k in keys]),
@@ -439,6 +453,23 @@ class FastEngine:
         probs = torch.softmax(scores, dim=-1).to(values.dtype).view(KV, G * q_len, -1)
         out = split_k_matmul(probs, values, torch.bmm).view(1, H, q_len, d)
         return out.transpose(1, 2).reshape(1, q_len, H * d)
+
+    def _tree_attention(self, q, keys_t, values, ctx):
+        """Short-query attention for a token tree, row by row, each row over the cache before the
+        tree and its ancestors' slots packed after it, as its own chain would hold them: a row's
+        products then add the same numbers in the same places (a tree mask alone would leave
+        gaps, and the bfloat16 products' sums group by place)."""
+        start, span = ctx.tree_start, keys_t.shape[-1]
+        outs = []
+        for r, slots in enumerate(tree_slots(ctx.tree_parents, start)):
+            n = start + len(slots)
+            packed_k, packed_v = torch.zeros_like(keys_t), torch.zeros_like(values)
+            packed_k[..., :start], packed_v[:, :start] = keys_t[..., :start], values[:, :start]
+            packed_k[..., start:n], packed_v[:, start:n] = keys_t[..., slots], values[:, slots]
+            mask = torch.zeros(1, 1, 1, span, dtype=keys_t.dtype, device=keys_t.device)
+            mask[..., n:] = torch.finfo(keys_t.dtype).min
+            outs.append(self._short_attention(q[:, r : r + 1], packed_k, packed_v, mask, 1))
+        return torch.cat(outs, dim=1)
 
     def _sdpa(self, module, q, keys, values, mask):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward

@@ -72,6 +72,14 @@ class KVCache:
         for i in layers if layers is not None else range(self.num_layers):
             self.lengths[i] = min(self.lengths[i], length)
 
+    def move(self, source: int, target: int) -> None:
+        """Copy slot `source`'s keys and values to slot `target` in every layer that holds both
+        (a token tree's accepted rows move to consecutive slots)."""
+        for i, n in enumerate(self.lengths):
+            if self.keys[i] is not None and max(source, target) < n:
+                self.keys[i][..., target] = self.keys[i][..., source]
+                self.values[i][..., target, :] = self.values[i][..., source, :]
+
     def copy(self, length: int | None = None) -> "KVCache":
         """An independent cache with the same contents, or only positions < `length` (buffers
         trimmed to what is copied)."""

@@ -39,6 +39,11 @@ class StepContext:
     fast_cos: torch.Tensor | None = None  # (1, q, 1, head_dim) rotary tables (fast engine)
     fast_sin_signed: torch.Tensor | None = None
     fast_sin: torch.Tensor | None = None  # (q, head_dim), for the native layers
+    # a token tree (verification of several drafts at once): the step's tokens occupy cache slots
+    # tree_start, tree_start + 1, ... at positions tree_start + depth; tree_parents[r] is row r's
+    # parent row (-1 for the first row), and a row attends to the cache and its ancestors only
+    tree_parents: list[int] | None = None
+    tree_start: int = 0
 
 
 ENGINES = ("auto", "fast", "hf")
@@ -119,10 +124,14 @@ class LayeredModel:
 
     # -- the five calls -------------------------------------------------------------------------
 
-    def context(self, positions: torch.Tensor) -> StepContext:
-        """Shared inputs for one step whose tokens sit at `positions` (a 1-D or (1, q) tensor)."""
+    def context(self, positions: torch.Tensor, tree_parents: list[int] | None = None) -> StepContext:
+        """Shared inputs for one step whose tokens sit at `positions` (a 1-D or (1, q) tensor);
+        `tree_parents` for a token tree (see StepContext), whose first row sits at positions[0]
+        and takes the next cache slot."""
         positions = positions.reshape(1, -1).to(self.device)
         ctx = StepContext(positions)
+        if tree_parents is not None:
+            ctx.tree_parents, ctx.tree_start = list(tree_parents), int(positions[0, 0])
         if self.fast is not None:
             ctx.position_list = positions[0].tolist()
             cos, sin, sin_signed = self.fast.rotary.at(ctx.position_list)
@@ -223,12 +232,29 @@ class LayeredModel:
 
     # -- masks ----------------------------------------------------------------------------------
 
+    def _tree_mask(self, ctx: StepContext, kv_len: int, window: int | None) -> torch.Tensor:
+        """(1, 1, q, kv_len): row r sees the slots before the tree (within the window of its
+        position) and the slots of itself and its ancestors."""
+        start = ctx.tree_start
+        allowed = torch.zeros(len(ctx.tree_parents), kv_len, dtype=torch.bool, device=self.device)
+        k_pos = torch.arange(start, device=self.device)
+        allowed[:, :start] = True
+        if window is not None:
+            allowed[:, :start] &= k_pos[None, :] > ctx.positions[0][:, None] - window
+        for r, slots in enumerate(fast_engine.tree_slots(ctx.tree_parents, start)):
+            allowed[r, slots] = True
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[None, None]
+
     def _mask(self, ctx: StepContext, kv_len: int, window: int | None) -> torch.Tensor | None:
         """Additive attention mask (1, 1, q, kv_len): a query sees keys at positions <= its own
         (and within the sliding window). None where nothing needs masking (one query, last key)."""
         key = (kv_len, window)
         if key in ctx.masks:
             return ctx.masks[key]
+        if ctx.tree_parents is not None:
+            ctx.masks[key] = mask = self._tree_mask(ctx, kv_len, window)
+            return mask
         q_pos = ctx.positions[0]
         listed = ctx.position_list
         last = listed[0] if listed is not None and len(listed) == 1 else (int(q_pos[0]) if len(q_pos) == 1 else None)

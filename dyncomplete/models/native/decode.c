@@ -304,33 +304,45 @@ static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 
-static inline __mmask16 tail(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
+static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
 
-/* One head of one query over keys 0..n-1: out (d) = softmax(scale * q K) V. K: (d, capacity),
- * V: (capacity, d), bf16; d a multiple of 16; scores: n floats of scratch. */
-static void attend(const float *q, const uint16_t *K, const uint16_t *V, int n, int d, int capacity, float scale,
-                   float *scores, float *out) {
+/* One head of one query over keys 0..prefix-1 of the cache, then the slots tail[0..ntail-1]
+ * (the query's tree ancestors and itself; prefix..prefix+ntail-1 for a chain): out (d) =
+ * softmax(scale * q K) V over those keys, in that order. K: (d, capacity), V: (capacity, d),
+ * bf16; d a multiple of 16; scores: prefix + ntail floats of scratch. A key's score is the same
+ * chain of fused multiply-adds in a vector lane or alone, and the softmax and the values run
+ * over the keys packed in order: a tree's row gets the bits the same row gets in a chain. */
+static void attend(const float *q, const uint16_t *K, const uint16_t *V, int prefix, const int *tail, int ntail,
+                   int d, int capacity, float scale, float *scores, float *out) {
+    int n = prefix + ntail;
     __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int j0 = 0; j0 < n; j0 += 64) { /* four independent 16-key chains */
+    for (int j0 = 0; j0 < prefix; j0 += 64) { /* four independent 16-key chains */
         __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int i = 0; i < d; i++) {
             __m512 qi = _mm512_set1_ps(q[i]);
             for (int u = 0; u < 4; u++)
-                if (j0 + 16 * u < n)
-                    acc[u] = _mm512_fmadd_ps(qi, load_bf16(K + (size_t)i * capacity + j0 + 16 * u, tail(n - j0 - 16 * u)),
-                                             acc[u]);
+                if (j0 + 16 * u < prefix)
+                    acc[u] = _mm512_fmadd_ps(
+                        qi, load_bf16(K + (size_t)i * capacity + j0 + 16 * u, tail_mask(prefix - j0 - 16 * u)), acc[u]);
         }
-        for (int u = 0; u < 4 && j0 + 16 * u < n; u++) {
-            __mmask16 m = tail(n - j0 - 16 * u);
+        for (int u = 0; u < 4 && j0 + 16 * u < prefix; u++) {
+            __mmask16 m = tail_mask(prefix - j0 - 16 * u);
             __m512 sc = _mm512_mul_ps(acc[u], _mm512_set1_ps(scale));
             _mm512_mask_storeu_ps(scores + j0 + 16 * u, m, sc);
             mx = _mm512_mask_max_ps(mx, m, mx, sc);
         }
     }
-    __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
+    float top = _mm512_reduce_max_ps(mx);
+    for (int t = 0; t < ntail; t++) {
+        float acc = 0.f;
+        for (int i = 0; i < d; i++) acc = fmaf(q[i], bf16_to_f32(K[(size_t)i * capacity + tail[t]]), acc);
+        scores[prefix + t] = acc * scale;
+        top = fmaxf(top, scores[prefix + t]);
+    }
+    __m512 vtop = _mm512_set1_ps(top), sum = _mm512_setzero_ps();
     for (int j = 0; j < n; j += 16) {
-        __mmask16 m = tail(n - j);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), top));
+        __mmask16 m = tail_mask(n - j);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), vtop));
         _mm512_mask_storeu_ps(scores + j, m, e);
         sum = _mm512_mask_add_ps(sum, m, sum, e);
     }
@@ -340,24 +352,26 @@ static void attend(const float *q, const uint16_t *K, const uint16_t *V, int n, 
         __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int j = 0; j < n; j++) {
             __m512 p = _mm512_set1_ps(scores[j]);
-            for (int u = 0; u < nv; u++)
-                acc[u] = _mm512_fmadd_ps(p, load_bf16(V + (size_t)j * d + i0 + 16 * u, 0xffff), acc[u]);
+            const uint16_t *row = V + (size_t)(j < prefix ? j : tail[j - prefix]) * d + i0;
+            for (int u = 0; u < nv; u++) acc[u] = _mm512_fmadd_ps(p, load_bf16(row + 16 * u, 0xffff), acc[u]);
         }
         for (int u = 0; u < nv; u++) _mm512_storeu_ps(out + i0 + 16 * u, _mm512_mul_ps(acc[u], inv));
     }
 }
 #else
-static void attend(const float *q, const uint16_t *K, const uint16_t *V, int n, int d, int capacity, float scale,
-                   float *scores, float *out) {
+static void attend(const float *q, const uint16_t *K, const uint16_t *V, int prefix, const int *tail, int ntail,
+                   int d, int capacity, float scale, float *scores, float *out) {
+    int n = prefix + ntail;
     for (int j = 0; j < n; j++) scores[j] = 0.f;
     for (int i = 0; i < d; i++)
-        for (int j = 0; j < n; j++) scores[j] += q[i] * bf16_to_f32(K[(size_t)i * capacity + j]);
+        for (int j = 0; j < n; j++)
+            scores[j] += q[i] * bf16_to_f32(K[(size_t)i * capacity + (j < prefix ? j : tail[j - prefix])]);
     float mx = -INFINITY, sum = 0.f;
     for (int j = 0; j < n; j++) mx = fmaxf(mx, scores[j] *= scale);
     for (int j = 0; j < n; j++) sum += scores[j] = expf(scores[j] - mx);
     for (int i = 0; i < d; i++) out[i] = 0.f;
     for (int j = 0; j < n; j++)
-        for (int i = 0; i < d; i++) out[i] += scores[j] * bf16_to_f32(V[(size_t)j * d + i]);
+        for (int i = 0; i < d; i++) out[i] += scores[j] * bf16_to_f32(V[(size_t)(j < prefix ? j : tail[j - prefix]) * d + i]);
     for (int i = 0; i < d; i++) out[i] /= sum;
 }
 #endif
@@ -376,21 +390,32 @@ static void swiglu(const float *gate, const float *up, int n, float *out) {
     for (; i < n; i++) out[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
 }
 
-/* Causal attention of rows at positions start.. over the cache; q (rows, heads, d) float32. */
-static void attention(const dims_t *dm, const float *q, int rows, int start, const uint16_t *keys,
+/* Attention of rows in cache slots start, start + 1, ...: each row sees the slots before start
+ * and, among the step's rows, itself and its ancestors; parent[r] is row r's parent row (-1: none,
+ * the first row) or parent == NULL for a chain (row r - 1). q (rows, heads, d) float32. */
+static void attention(const dims_t *dm, const float *q, int rows, int start, const int *parent, const uint16_t *keys,
                       const uint16_t *values, int capacity, float *out) {
     int H = dm->heads, d = dm->head_dim, G = dm->heads / dm->kv_heads;
 #pragma omp parallel
     {
         float *scores = malloc(sizeof(float) * (size_t)(start + rows));
+        int *tail = malloc(sizeof(int) * (size_t)rows);
 #pragma omp for collapse(2) schedule(static)
         for (int r = 0; r < rows; r++)
             for (int h = 0; h < H; h++) {
+                int ntail = 0;
+                for (int a = r; a >= 0; a = parent ? parent[a] : a - 1) tail[ntail++] = a; /* r, its parent, ... */
+                for (int i = 0; i < ntail / 2; i++) { /* oldest first */
+                    int t = tail[i];
+                    tail[i] = tail[ntail - 1 - i], tail[ntail - 1 - i] = t;
+                }
+                for (int i = 0; i < ntail; i++) tail[i] += start;
                 int kv = h / G;
                 attend(q + ((size_t)r * H + h) * d, keys + (size_t)kv * d * capacity,
-                       values + (size_t)kv * capacity * d, start + r + 1, d, capacity, dm->scale, scores,
+                       values + (size_t)kv * capacity * d, start, tail, ntail, d, capacity, dm->scale, scores,
                        out + ((size_t)r * H + h) * d);
             }
+        free(tail);
         free(scores);
     }
 }
@@ -403,12 +428,13 @@ long workspace_floats(const dims_t *dm, int rows) {
     return rows * (2L * dm->hidden + qkv + 2 * hd + 3L * dm->intermediate + INPUT_SCRATCH(widest));
 }
 
-/* One decoder layer for `rows` new positions start, start + 1, ...: hidden (rows, hidden) bf16 in,
- * out (rows, hidden) bf16; writes the rows' keys and values at those positions of the cache;
- * cos/sin: the rotary rows of those positions (rows, head_dim) bf16. */
+/* One decoder layer for `rows` new tokens in cache slots start, start + 1, ...: hidden (rows, hidden)
+ * bf16 in, out (rows, hidden) bf16; writes the rows' keys and values in those slots; parent: the
+ * rows' tree (see attention; NULL for a chain); cos/sin: the rotary rows of the tokens' positions
+ * (rows, head_dim) bf16 (a chain's are start, start + 1, ...; a tree's, start + depth). */
 static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out, int rows,
-                          int start, uint16_t *keys, uint16_t *values, int capacity, const uint16_t *cos,
-                          const uint16_t *sin, float *ws) {
+                          int start, const int *parent, uint16_t *keys, uint16_t *values, int capacity,
+                          const uint16_t *cos, const uint16_t *sin, float *ws) {
     int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, I = dm->intermediate;
     int nqkv = (H + 2 * KV) * d;
     float *h = ws, *x = h + (size_t)rows * Hd, *qkv = x + (size_t)rows * Hd, *att = qkv + (size_t)rows * nqkv;
@@ -430,7 +456,7 @@ static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *h
     }
     /* queries packed (rows, H, d) for attention */
     for (int r = 0; r < rows; r++) memcpy(q + (size_t)r * H * d, qkv + (size_t)r * nqkv, sizeof(float) * H * d);
-    attention(dm, q, rows, start, keys, values, capacity, att);
+    attention(dm, q, rows, start, parent, keys, values, capacity, att);
     linear_f32(&ly->o, att, rows, scratch, x);
     for (long i = 0; i < (long)rows * Hd; i++) h[i] += x[i];
     rms_norm(h, rows, Hd, ly->post_norm, dm->eps, x);
@@ -456,9 +482,9 @@ void linear_bf16(const linear_t *lin, const uint16_t *x, int rows, uint16_t *out
  * as n calls of layer_forward, each layer's output rounded to bf16 as there; keys, values and
  * capacity per layer. */
 void layers_forward(const dims_t *dm, const layer_t *const *layers, int n, const uint16_t *hidden, uint16_t *out,
-                    int rows, int start, uint16_t *const *keys, uint16_t *const *values, const int *capacity,
-                    const uint16_t *cos, const uint16_t *sin, float *ws) {
+                    int rows, int start, const int *parent, uint16_t *const *keys, uint16_t *const *values,
+                    const int *capacity, const uint16_t *cos, const uint16_t *sin, float *ws) {
     for (int i = 0; i < n; i++) /* layer_forward reads its input whole before it writes: in place is safe */
-        layer_forward(dm, layers[i], i == 0 ? hidden : out, out, rows, start, keys[i], values[i], capacity[i], cos,
-                      sin, ws);
+        layer_forward(dm, layers[i], i == 0 ? hidden : out, out, rows, start, parent, keys[i], values[i], capacity[i],
+                      cos, sin, ws);
 }
