@@ -91,6 +91,7 @@ def test_index_command_builds_a_store_that_retrieval_opens(tmp_path, capsys):
         model = load("smollm2-135m", progress=lambda m: None)
         method = make_method(f"retrieval:{name}/6", model)
         assert method.proposer.store.meta["tokens"] == report["tokens"] and method.proposer.max_draft == 6
+        assert not method.proposer.tree and make_method(f"retrieval:{name}/tree", model).proposer.tree
         with pytest.raises(ValueError, match="dyncomplete index"):
             make_method("retrieval:no-such-store", model)
         with pytest.raises(ValueError, match="needs a datastore"):

@@ -1,5 +1,6 @@
-"""PNG plots of a summary: quality against time and energy per token, Pareto front marked, and
-for --sweep one curve per method family through its thresholds (baseline as a point)."""
+"""PNG plots of a summary: quality against time and energy per token, Pareto front marked, for
+--sweep one curve per method family through its thresholds (baseline as a point), and for
+drafting methods the acceptance per draft depth and the draft sizes per verification."""
 
 from __future__ import annotations
 
@@ -80,6 +81,30 @@ def plot_sweeps(summary: dict, sweeps: dict[str, list[str]], path: Path) -> Path
             if r == 0 and c == 0:
                 ax.legend(fontsize=8)
     return _save(fig, f"threshold sweeps: {summary['model']} on {summary['dataset']} (n={summary['n']})", path)
+
+
+def plot_drafting(summary: dict, path: Path) -> Path | None:
+    """Left: share of verifications whose accepted tokens reached each depth, of those that
+    drafted that deep; right: how many verifications drafted how many tokens (chain or tree)."""
+    drafting = {n: m for n, m in summary["methods"].items() if m.get("acceptance_per_position")}
+    if not drafting:
+        return None
+    fig, (depth_ax, size_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, m in drafting.items():
+        rates = m["acceptance_per_position"]
+        depth_ax.plot(range(1, len(rates) + 1), rates, "o-", label=name)
+        sizes = {int(k): v for k, v in m.get("draft_size_steps", {}).items()}
+        if sizes:
+            total = sum(sizes.values())
+            size_ax.plot(sorted(sizes), [sizes[k] / total for k in sorted(sizes)], "o-", label=name)
+    depth_ax.set_xlabel("draft depth")
+    depth_ax.set_ylabel("accepted, of verifications that drafted this deep")
+    size_ax.set_xlabel("tokens drafted in one verification (chain or tree)")
+    size_ax.set_ylabel("share of verifications")
+    for ax in (depth_ax, size_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, f"drafting: {summary['model']} on {summary['dataset']} (n={summary['n']})", path)
 
 
 def _axes(ax, cost: str, quality: str) -> None:

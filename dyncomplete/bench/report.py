@@ -56,11 +56,15 @@ def render(summary: dict, plots: list[str]) -> str:
         lines.append("| " + " | ".join(row) + " |")
     drafting = {n: m for n, m in methods.items() if "acceptance_rate" in m}
     if drafting:
-        lines += ["", "| method | acceptance rate | mean accepted length | acceptance by draft position |",
-                  "|---|---:|---:|---|"]
+        lines += ["", "| method | acceptance rate | tokens per verification | drafted per verification | "
+                  "acceptance by draft depth | accepted / drafted by source |", "|---|---:|---:|---:|---|---|"]
         for name, m in drafting.items():
             positions = " ".join(f"{a:.2f}" for a in m["acceptance_per_position"][:10])
-            lines.append(f"| `{name}` | {m['acceptance_rate']:.2f} | {_fmt(m['mean_accepted_length'], 2)} | {positions} |")
+            sources = ", ".join(f"{k} {v['accepted']}/{v['drafted']}" for k, v in m.get("draft_sources", {}).items())
+            steps = sum(v["steps"] for v in m.get("draft_sources", {}).values())
+            per_step = sum(v["drafted"] for v in m.get("draft_sources", {}).values()) / steps if steps else None
+            lines.append(f"| `{name}` | {m['acceptance_rate']:.2f} | {_fmt(m['mean_accepted_length'], 2)} | "
+                         f"{_fmt(per_step, 2)} | {positions} | {sources} |")
     stopping = {n: m["stop_rule"] for n, m in methods.items() if m.get("stop_rule")}
     if stopping:
         lines += ["", "Stop rule against the same method without it (wrong/right: exact match of the method alone):",

@@ -65,6 +65,8 @@ def summarize_method(rows: list[dict], baseline: dict[str, dict]) -> dict:
         entry["mean_accepted_length"] = _ratio(new_tokens, total("verify_steps"))
         entry["acceptance_per_position"] = _per_position(stats)
         entry["draft_sources"] = _by_source(stats)
+        sizes = _count(size for s in stats for size in s.get("draft_sizes", []))
+        entry["draft_size_steps"] = {str(k): v for k, v in sorted(sizes.items())}  # draft size -> verification steps
     entry["stopped_by"] = dict(sorted(_count(s["stopped_by"] for s in stats).items()))
     read = rows[0].get("weight_bytes") if rows else None
     entry["weight_bytes"] = read

@@ -262,15 +262,19 @@ class RetrievalProposer(Proposer):
     tokens) found in the store, and the continuations of its occurrences. The context's own n-gram
     lookup takes part at every step.
 
-    As a tree (default): every continuation prefix that at least `min_share` of the occurrences
-    start with, and the lookup's draft, each node valued at its estimated chance of acceptance:
-    its parent's times the acceptance measured so far for nodes whose parent was accepted, by
-    bucket of the node's share among its parent's occurrences (for the lookup's draft, its
-    per-position acceptance rates). The tree keeps the most valued nodes up to the size that
-    maximises expected tokens per unit of verification work (EAGLE-2's selection, DySpec's
-    stopping rule with the measured verify cost). As a chain (`tree=False`): the store's most
-    frequent continuation, cut where fewer than `floor` of the occurrences agree, or the lookup's
-    draft, whichever promises more, each source with its own acceptance trackers."""
+    As a chain (default): the store's most frequent continuation, cut where fewer than `floor` of
+    the occurrences agree, or the lookup's draft, whichever promises more per unit of work, each
+    source with its own acceptance trackers (the store's per matched length).
+
+    As a tree (`tree=True`): every continuation prefix that at least `min_share` of the
+    occurrences start with, and the lookup's draft, each node valued at its estimated chance of
+    acceptance: its parent's times the acceptance measured so far for nodes whose parent was
+    accepted, by bucket of the node's share among its parent's occurrences (for the lookup's
+    draft, its per-position acceptance rates). The tree keeps the most valued nodes up to the size
+    that maximises expected tokens per unit of verification work (EAGLE-2's selection, DySpec's
+    stopping rule with the measured verify cost). On this CPU, where each verified position costs
+    about a fifth of a decode step, trees gave more tokens per verification but less speed than
+    the chain (README, "Drafting from a datastore")."""
 
     name = "retrieval"
     MIN_MATCH = 2  # a one-token tail says little about what follows
@@ -278,7 +282,7 @@ class RetrievalProposer(Proposer):
     SHARE_EDGES = (0.1, 0.25, 0.5, 0.75, 0.9)  # buckets of a node's share among its parent's occurrences
 
     def __init__(self, store, max_draft: int = 10, verify_cost: float = VERIFY_COST, max_match: int = 24,
-                 floor: float = 0.3, tree: bool = True, min_share: float = 0.05):
+                 floor: float = 0.3, tree: bool = False, min_share: float = 0.05):
         self.store, self.max_draft, self.verify_cost = store, max_draft, verify_cost
         self.max_match, self.floor, self.tree, self.min_share = max_match, floor, tree, min_share
         self.lookup_template = LookupProposer(max_draft, verify_cost=verify_cost)

@@ -13,8 +13,8 @@ Method names (parsed by `registry.parse_method`):
   self-spec:entropy[@H]         the same with an entropy stop at H nats (SVIP)
   lookup+self[:E[/K]]           lookup where the context matches, self-draft otherwise
   draft-model:ALIAS[/K]         a smaller model of the same tokenizer drafts K tokens
-  retrieval:STORE[/K][/chain]   the datastore STORE (`dyncomplete index`) and the context's lookup,
-                                as a token tree of at most K tokens (or one chain)
+  retrieval:STORE[/K][/tree]    the datastore STORE (`dyncomplete index`) or the context's lookup,
+                                one chain of at most K tokens (/tree: both as one token tree)
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def build(name, model) -> SpeculativeDecoding:
             raise ValueError("retrieval needs a datastore: retrieval:STORE[/K] (build one with `dyncomplete index`)")
         store = Datastore.for_model(model, name.arg(0))
         return SpeculativeDecoding(RetrievalProposer(store, *_ints(name.args[1:], "MAX_DRAFT"),
-                                                     verify_cost=verify_cost(model), tree="chain" not in name.options))
+                                                     verify_cost=verify_cost(model), tree="tree" in name.options))
     alias = name.arg(0)
     if not alias:
         raise ValueError("draft-model needs a model: draft-model:ALIAS[/K]")
