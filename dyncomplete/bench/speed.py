@@ -1,6 +1,7 @@
 """Decode and prefill speed of one model configuration, and the memory bandwidth it reaches.
 
     python -m dyncomplete.bench.speed --engine fast --quant int8 --runs 5
+    python -m dyncomplete.bench.speed --verify-rows 1,2,4,8,16   # what a verification pass costs
 
 Prompt: the first 480 tokens of the standard library's `json/decoder.py`; 64 greedy tokens, one
 `LayeredModel.forward` per token (the baseline's decode loop without its emitter). Reports
@@ -56,6 +57,29 @@ def measure(model, prompt_tokens: int = 480, new_tokens: int = 64, runs: int = 5
     }
 
 
+@torch.inference_mode()
+def verify_passes(model, rows: list[int], prompt_tokens: int = 480, runs: int = 7) -> dict:
+    """Time of one pass over k new positions after the prompt (a verification pass of k - 1
+    drafted tokens), median of `runs` rounds that go through every k in turn, and its ratio to
+    the one-position pass (a decode step)."""
+    ids = model.tokenizer(PROMPT_FILE.read_text(), add_special_tokens=False).input_ids[: prompt_tokens + max(rows)]
+    cache = model.new_cache()
+    model.forward(torch.tensor(ids[:prompt_tokens]), cache)
+    times: dict[int, list[float]] = {k: [] for k in rows}
+    for round_ in range(runs + 1):  # the first round warms up
+        for k in rows:
+            cache.crop(prompt_tokens)
+            start = time.perf_counter()
+            model.forward(torch.tensor(ids[prompt_tokens : prompt_tokens + k]), cache, start=prompt_tokens,
+                          last_only=False)
+            if round_:
+                times[k].append(time.perf_counter() - start)
+    ms = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    one = ms[1] if 1 in ms else None
+    return {"pass_ms": {k: round(v, 2) for k, v in ms.items()},
+            "relative_to_one": {k: round(v / one, 2) for k, v in ms.items()} if one else None}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -67,11 +91,19 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=480)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--bandwidth", action="store_true", help="also report the share of copy bandwidth reached")
+    p.add_argument("--verify-rows", default=None, metavar="K,K,...",
+                   help="instead of decoding, time passes over K positions (verification) against one")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     model = load(args.model, dtype=args.dtype, quant=args.quant, engine=args.engine, progress=lambda m: None)
     load_s = time.perf_counter() - start
+    if args.verify_rows:
+        rows = sorted({1, *(int(k) for k in args.verify_rows.split(","))})
+        result = {"model": args.model, "engine": model.engine, "quant": model.quant, "runs": args.runs,
+                  **verify_passes(model, rows, args.prompt_tokens, args.runs)}
+        print(json.dumps(result))
+        return 0
     result = measure(model, args.prompt_tokens, args.new_tokens, args.runs)
     result["load_s"] = round(load_s, 2)
     if args.bandwidth:
