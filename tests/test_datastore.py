@@ -2,6 +2,7 @@
 force search over the same token lists, it survives a save and reopen, and names stay names."""
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +97,11 @@ def test_index_command_builds_a_store_that_retrieval_opens(tmp_path, capsys):
             make_method("retrieval:no-such-store", model)
         with pytest.raises(ValueError, match="needs a datastore"):
             make_method("retrieval", model)
+        meta_file = Path(report["path"]) / "meta.json"
+        meta = json.loads(meta_file.read_text())
+        meta_file.write_text(json.dumps(dict(meta, tokenizer="another")))  # as if built for another model
+        with pytest.raises(ValueError, match="another tokenizer"):
+            make_method(f"retrieval:{name}", model)
     finally:
         shutil.rmtree(report["path"])
     assert main(["index", str(tmp_path), "--model", "smollm2-135m", "--name", "../up"]) == 2
