@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..models import load
+from ..models.verify_cost import pass_times
 from .bandwidth import machine_bandwidth, weight_bytes
 
 PROMPT_FILE = Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py"
@@ -57,24 +58,12 @@ def measure(model, prompt_tokens: int = 480, new_tokens: int = 64, runs: int = 5
     }
 
 
-@torch.inference_mode()
 def verify_passes(model, rows: list[int], prompt_tokens: int = 480, runs: int = 7) -> dict:
     """Time of one pass over k new positions after the prompt (a verification pass of k - 1
-    drafted tokens), median of `runs` rounds that go through every k in turn, and its ratio to
-    the one-position pass (a decode step)."""
+    drafted tokens), median of `runs` rounds (`verify_cost.pass_times`), and its ratio to the
+    one-position pass (a decode step)."""
     ids = model.tokenizer(PROMPT_FILE.read_text(), add_special_tokens=False).input_ids[: prompt_tokens + max(rows)]
-    cache = model.new_cache()
-    model.forward(torch.tensor(ids[:prompt_tokens]), cache)
-    times: dict[int, list[float]] = {k: [] for k in rows}
-    for round_ in range(runs + 1):  # the first round warms up
-        for k in rows:
-            cache.crop(prompt_tokens)
-            start = time.perf_counter()
-            model.forward(torch.tensor(ids[prompt_tokens : prompt_tokens + k]), cache, start=prompt_tokens,
-                          last_only=False)
-            if round_:
-                times[k].append(time.perf_counter() - start)
-    ms = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    ms = {k: t * 1000 for k, t in pass_times(model, ids, prompt_tokens, rows, runs).items()}
     one = ms[1] if 1 in ms else None
     return {"pass_ms": {k: round(v, 2) for k, v in ms.items()},
             "relative_to_one": {k: round(v / one, 2) for k, v in ms.items()} if one else None}

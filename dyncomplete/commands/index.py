@@ -13,7 +13,7 @@ from ._common import add_model_options, load_from_args
 def run(args) -> int:
     from tqdm import tqdm
 
-    from ..data.splits import EXTENSIONS, SPLITS, source_files, stdlib_root
+    from ..data.splits import EXTENSIONS, source_files, stdlib_root
     from ..methods.datastore import Datastore, store_dir, tokenizer_digest
 
     roots = [Path(p) for p in args.paths] or [stdlib_root()]

@@ -123,11 +123,16 @@ class Datastore:
             lo, hi, n = new_lo, new_hi, offset + 1
         return (n, lo, hi) if n else (0, 0, 0)
 
+    def _next_indices(self, lo: int, hi: int, sample: int) -> np.ndarray:
+        """Where the token after each of the occurrences lo..hi sits (about `sample` of them,
+        evenly spaced, if there are more)."""
+        stride = max(1, (hi - lo) // sample)
+        return len(self.tokens) - np.asarray(self.suffixes[lo:hi:stride], dtype=np.int64)
+
     def continuation(self, lo: int, hi: int, steps: int) -> list[Step]:
         """Up to `steps` tokens after the occurrences lo..hi (a sample of SAMPLE if more): each
         the most frequent next token among the occurrences that continued with the earlier ones."""
-        stride = max(1, (hi - lo) // SAMPLE)
-        after = len(self.tokens) - np.asarray(self.suffixes[lo:hi:stride], dtype=np.int64)  # next token's index
+        after = self._next_indices(lo, hi, SAMPLE)
         out = []
         for offset in range(steps):
             seen = self.tokens[after + offset]
@@ -144,8 +149,7 @@ class Datastore:
         """The continuations of occurrences lo..hi (a sample of TREE_SAMPLE if more) as a trie:
         every prefix of at most `depth` tokens that at least `min_share` of them start with, and
         that share, most common first (a prefix before its extensions)."""
-        stride = max(1, (hi - lo) // TREE_SAMPLE)
-        after = len(self.tokens) - np.asarray(self.suffixes[lo:hi:stride], dtype=np.int64)
+        after = self._next_indices(lo, hi, TREE_SAMPLE)
         grid = self.tokens[after[:, None] + np.arange(depth)]  # (occurrences, depth)
         grid = grid[np.lexsort(grid.T[::-1])]  # sorted rows: equal prefixes are adjacent
         total, need = len(grid), max(1, int(np.ceil(min_share * len(grid))))

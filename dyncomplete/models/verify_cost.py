@@ -30,25 +30,30 @@ FLOOR = 0.01  # never treat an extra position as free
 
 
 @torch.inference_mode()
+def pass_times(model, ids, prompt_tokens: int, rows: list[int], runs: int) -> dict[int, float]:
+    """Median seconds of one pass over k new positions after the first `prompt_tokens` of `ids`
+    (a one-token step for k = 1, a verification pass of k - 1 drafted tokens otherwise), for each
+    k in `rows`: `runs` rounds through every k in turn, after one round of warm-up."""
+    ids = torch.as_tensor(ids)
+    cache = model.new_cache()
+    model.forward(ids[:prompt_tokens], cache)
+    times: dict[int, list[float]] = {k: [] for k in rows}
+    for round_ in range(runs + 1):
+        for k in rows:
+            cache.crop(prompt_tokens)
+            start = time.perf_counter()
+            model.forward(ids[prompt_tokens : prompt_tokens + k], cache, last_only=False)
+            if round_:
+                times[k].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def measure_verify_cost(model, positions: int = POSITIONS, repeats: int = 7) -> float:
     """(time of a `positions`-token pass - time of a one-token pass) / (positions - 1), over the
     one-token time; the medians of `repeats` alternating runs, after one warm-up of each."""
     ids = torch.arange(CONTEXT + positions) % min(model.vocab_size, 1000) + 10
-    cache = model.new_cache()
-    model.forward(ids[:CONTEXT], cache)
-
-    def timed(k: int) -> float:
-        cache.crop(CONTEXT)
-        start = time.perf_counter()
-        model.forward(ids[CONTEXT : CONTEXT + k], cache, last_only=False)
-        return time.perf_counter() - start
-
-    timed(1), timed(positions)
-    one, many = [], []
-    for _ in range(repeats):
-        one.append(timed(1))
-        many.append(timed(positions))
-    t1, tk = statistics.median(one), statistics.median(many)
+    times = pass_times(model, ids, CONTEXT, [1, positions], repeats)
+    t1, tk = times[1], times[positions]
     return max(FLOOR, (tk - t1) / (positions - 1) / t1)
 
 
