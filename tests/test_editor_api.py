@@ -28,7 +28,9 @@ from dyncomplete.models import REGISTRY
 BODIES = Path(__file__).parent / "editor_bodies"
 SMOL, QWEN = "smollm2-135m", "qwen2.5-coder-0.5b"
 HEADERS = {"Authorization": f"Bearer {SERVE_KEY}", "Content-Type": "application/json"}
-OPTIONS = ["--api-key", SERVE_KEY, "--max-tokens-limit", "48", "--context-budget", "512", "--cache-mb", "64"]
+# the memory of sent files is off here: each test's answer depends on its own body only
+OPTIONS = ["--api-key", SERVE_KEY, "--max-tokens-limit", "48", "--context-budget", "512", "--cache-mb", "64",
+           "--client-memory", "off"]
 MIDDLE = "circumference = 2 * math.pi * r"
 
 
@@ -152,6 +154,29 @@ def test_time_cap_stops_at_the_first_newline(smol_server):
     out = post(smol_server, "/infill", data).json()
     assert out["dyncomplete"]["stopped_by"] == "time_limit" and out["stop_type"] == "limit"
     assert out["content"].strip() and "\n" not in out["content"].strip()
+
+
+def test_files_sent_once_come_back_as_context_for_the_same_editor_only(served):
+    """The memory of sent files (on by default; the `served` server runs with it): a file sent
+    in a cache-warming request is retrieved into later completions of the same editor, on the
+    editor endpoints by default and on /v1/completions when asked (`test_client_files.py` has the
+    other senders, the bounds and when the choice of windows is kept)."""
+    url, _ = served
+    geometry = "def area_of_circle(radius):\n    return 3.14159 * radius ** 2\n"
+    warm = body("llama_vscode_warm.json", input_extra=[{"filename": "geometry.py", "text": geometry}])
+    assert post(url, "/infill", warm).json()["content"] == ""
+    cursor = {"input_prefix": "from geometry import area_of_circle\n\ndef report(radius):\n    a = area_of_circle(",
+              "input_suffix": "", "prompt": "", "n_predict": 4}
+    recalled = post(url, "/infill", cursor).json()["dyncomplete"]
+    assert recalled["memory_chunks"] >= 1 and recalled["context_chunks"] >= 1
+    alone = post(url, "/infill", {**cursor, "client_memory": False}).json()["dyncomplete"]
+    assert alone["memory_chunks"] == alone["context_chunks"] == 0
+    completion = {"model": SMOL, "prompt": cursor["input_prefix"], "max_tokens": 4}
+    assert post(url, "/v1/completions", completion).json()["dyncomplete"]["memory_chunks"] == 0
+    asked = post(url, "/v1/completions", {**completion, "client_memory": True}).json()["dyncomplete"]
+    assert asked["memory_chunks"] >= 1
+    health = httpx.get(f"{url}/health", headers=HEADERS, timeout=30).json()
+    assert health["client_files"]["clients"] >= 1 and health["client_files"]["bytes"] >= len(geometry)
 
 
 def test_qwen_fills_the_middle_for_every_client(qwen_server):

@@ -7,6 +7,11 @@ The pause is at the line start, not after the indentation, because a prompt endi
 splits a whitespace token the model never saw split (the BPE "token healing" problem) and
 small models then answer with an empty line. Every pause is sent twice, prefix cache on and off
 (alternating which goes first), so both rows see the same prompts and the same machine load.
+
+With repository context (`context_files`), the replay first sends, per typed file, one
+cache-warming `/infill` request whose `input_extra` holds the other files of its folder, as
+llama.vscode does when files are opened; the completions then ask for the server's memory of
+sent files (`"client_memory": true`), and a third row asks without it, prefix cache on.
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
+from .metrics import edit_similarity
+
+CONTEXT_FILE_BYTES = 256 * 2**10  # a sibling file larger than this is not sent
 
 
 @dataclass
@@ -43,10 +52,29 @@ def pauses_of(path: Path, start: float, count: int) -> list[Pause]:
     return out
 
 
+def sibling_files(path: Path, count: int) -> list[dict]:
+    """Up to `count` other Python files of `path`'s folder, as `input_extra` records."""
+    out = []
+    for other in sorted(path.parent.glob("*.py")):
+        if other != path and other.stat().st_size <= CONTEXT_FILE_BYTES and len(out) < count:
+            out.append({"filename": f"{path.parent.name}/{other.name}", "text": other.read_text(errors="replace")})
+    return out
+
+
+def send_files(http: httpx.Client, url: str, path: Path, count: int) -> None:
+    """A cache-warming `/infill` request carrying `path`'s sibling files (answered without the model)."""
+    body = {"input_prefix": "", "input_suffix": "", "prompt": "", "n_predict": 0,
+            "input_extra": sibling_files(path, count)}
+    r = http.post(f"{url}/infill", json=body)
+    if r.status_code != 200:
+        raise RuntimeError(f"server answered {r.status_code} to the files sent: {r.text[:300]}")
+
+
 def request_once(http: httpx.Client, url: str, model: str, method: str, pause: Pause, max_tokens: int,
-                 cache: bool, healing: bool = True) -> dict:
+                 cache: bool, healing: bool = True, memory: bool = False) -> dict:
     body = {"model": model, "prompt": pause.prefix, "max_tokens": max_tokens, "temperature": 0, "stop": ["\n"],
-            "stream": True, "method": method, "prefix_cache": cache, "token_healing": healing}
+            "stream": True, "method": method, "prefix_cache": cache, "token_healing": healing,
+            "client_memory": memory}
     started = time.perf_counter()
     first, text, stats = None, "", None
     with http.stream("POST", f"{url}/v1/completions", json=body,
@@ -66,8 +94,9 @@ def request_once(http: httpx.Client, url: str, model: str, method: str, pause: P
             stats = chunk.get("dyncomplete", stats)
     latency = time.perf_counter() - started
     return {"latency_s": latency, "ttft_s": first if first is not None else latency, "text": text,
-            "accepted": text.rstrip() == pause.target, "prompt_tokens": stats["prompt_tokens"],
-            "cached_prompt_tokens": stats["cached_prompt_tokens"], "prefill_s": stats["prefill_s"]}
+            "accepted": text.rstrip() == pause.target, "es": edit_similarity(text.rstrip(), pause.target),
+            "prompt_tokens": stats["prompt_tokens"], "cached_prompt_tokens": stats["cached_prompt_tokens"],
+            "prefill_s": stats["prefill_s"], "context_chunks": stats["context_chunks"]}
 
 
 def summarise(results: list[dict]) -> dict:
@@ -83,26 +112,40 @@ def summarise(results: list[dict]) -> dict:
         "mean_prefill_ms": 1000 * float(np.mean([r["prefill_s"] for r in results])),
         "accepted": sum(r["accepted"] for r in results),
         "accepted_share": float(np.mean([r["accepted"] for r in results])),
+        "es": float(np.mean([r["es"] for r in results])),
+        "mean_context_chunks": float(np.mean([r["context_chunks"] for r in results])),
     }
 
 
 def replay(url: str, model: str, method: str, pauses: list[Pause], max_tokens: int, api_key: str | None = None,
-           progress=None, healing: bool = True) -> dict:
+           progress=None, healing: bool = True, context_files: int = 0) -> dict:
+    """`context_files` > 0: send each typed file's siblings first and add the no-context row."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    runs = {True: [], False: []}
+    rows = {"cache on": (True, bool(context_files)), "cache off": (False, bool(context_files))}
+    if context_files:
+        rows["no context"] = (True, False)
+    runs = {row: [] for row in rows}
+    names = list(rows)
     with httpx.Client(headers=headers, timeout=600) as http:
-        request_once(http, url, model, method, pauses[0], max_tokens, False, healing)  # warm-up, not counted
+        sent = set()
         for i, pause in enumerate(pauses):
-            for cache in ((True, False) if i % 2 else (False, True)):
-                runs[cache].append(request_once(http, url, model, method, pause, max_tokens, cache, healing))
+            if context_files and pause.file not in sent:
+                send_files(http, url, Path(pause.file), context_files)
+                sent.add(pause.file)
+            if i == 0:  # warm-up, not counted
+                request_once(http, url, model, method, pause, max_tokens, False, healing, bool(context_files))
+            for row in names[i % len(names):] + names[: i % len(names)]:  # each row goes first in turn
+                cache, memory = rows[row]
+                runs[row].append(request_once(http, url, model, method, pause, max_tokens, cache, healing, memory))
             if progress:
                 progress(i + 1, len(pauses))
-    on, off = summarise(runs[True]), summarise(runs[False])
-    same = float(np.mean([a["text"] == b["text"] for a, b in zip(runs[True], runs[False])]))
+    summaries = {row: summarise(results) for row, results in runs.items()}
+    on, off = summaries["cache on"], summaries["cache off"]
+    same = float(np.mean([a["text"] == b["text"] for a, b in zip(runs["cache on"], runs["cache off"])]))
     return {
         "model": model, "method": method, "max_tokens": max_tokens, "token_healing": healing,
-        "files": sorted({p.file for p in pauses}), "pauses": len(pauses),
-        "rows": {"cache on": on, "cache off": off},
+        "context_files": context_files, "files": sorted({p.file for p in pauses}), "pauses": len(pauses),
+        "rows": summaries,
         "p50_speedup": off["p50_ms"] / on["p50_ms"] if on["p50_ms"] else 0.0,
         "identical_completions": same,
     }

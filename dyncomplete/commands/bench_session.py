@@ -27,13 +27,14 @@ def print_table(report: dict) -> None:
     cols = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
             ("TTFT p95", "ttft_p95_ms", "{:.0f}"), ("prompt tok", "mean_prompt_tokens", "{:.0f}"),
             ("cached", "cached_prompt_share", "{:.1%}"), ("prefill ms", "mean_prefill_ms", "{:.0f}"),
-            ("accepted", "accepted_share", "{:.1%}")]
-    table.add_column("prefix cache", no_wrap=True)
+            ("context", "mean_context_chunks", "{:.1f}"), ("accepted", "accepted_share", "{:.1%}"),
+            ("ES", "es", "{:.1f}")]
+    table.add_column("row", no_wrap=True)
     for name, _, _ in cols:
         table.add_column(name, justify="right")
     for row, stats in report["rows"].items():
         table.add_row(row, *(fmt.format(stats[key]) for _, key, fmt in cols))
-    console = Console(width=max(Console().width, 110))
+    console = Console(width=max(Console().width, 130))
     console.print(table)
     console.print(f"p50 speedup from the cache: {report['p50_speedup']:.1f}x; identical completions cache on/off: "
                   f"{report['identical_completions']:.0%}")
@@ -57,7 +58,8 @@ def run(args) -> int:
         print(f"\r{done}/{total} pauses", end="" if done < total else "\n", file=sys.stderr)
 
     def go(url, key):
-        return replay(url, args.model, args.method, pauses, args.max_tokens, key, progress, args.token_healing == "on")
+        return replay(url, args.model, args.method, pauses, args.max_tokens, key, progress, args.token_healing == "on",
+                      args.context_files)
 
     if args.url:
         report = go(args.url.rstrip("/"), args.api_key)
@@ -87,6 +89,9 @@ def register(sub) -> None:
     p.add_argument("--context-budget", type=int, default=1024, help="server's prompt budget in tokens")
     p.add_argument("--token-healing", default="on", choices=["on", "off"],
                    help="the server's token healing (off: for methods without it, such as llama-cpp)")
+    p.add_argument("--context-files", type=int, default=0,
+                   help="send each typed file's folder (up to this many other .py files) to the server first, "
+                        "as an editor does, and use its memory of them; adds a no-context row")
     p.add_argument("--url", help="use this running server instead of starting one")
     p.add_argument("--api-key", help="with --url: the server's API key")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

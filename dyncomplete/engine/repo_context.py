@@ -109,12 +109,19 @@ def windows(filename: str, text: str, lines: int = WINDOW_LINES, stride: int = W
 def rank_chunks(prefix: str, candidates: list[Chunk], limit: int) -> list[Chunk]:
     """The `limit` candidates whose identifiers are most similar (Jaccard) to those of the last
     `QUERY_LINES` lines of `prefix`; ties keep the candidates' order, zero similarity is left out."""
-    query = identifiers("\n".join(prefix.splitlines()[-QUERY_LINES:]))
+    return rank(query_identifiers(prefix), [(chunk, identifiers(chunk.text)) for chunk in candidates], limit)
+
+
+def query_identifiers(prefix: str) -> set[str]:
+    return identifiers("\n".join(prefix.splitlines()[-QUERY_LINES:]))
+
+
+def rank(query: set[str], candidates: list[tuple[Chunk, set[str]]], limit: int) -> list[Chunk]:
+    """`rank_chunks` over candidates whose identifier sets are already known."""
     if not query:
         return []
     scored = []
-    for i, chunk in enumerate(candidates):
-        ids = identifiers(chunk.text)
+    for i, (chunk, ids) in enumerate(candidates):
         overlap = len(query & ids)
         if overlap:
             scored.append((-overlap / len(query | ids), i, chunk))

@@ -30,6 +30,7 @@ from ..engine import DEFAULT_CONTEXT_BUDGET
 from ..engine.prompts import fim_tokens
 from ..methods import families
 from .http import Guard, Limits
+from .client_files import ClientFiles
 from .prefix_cache import PrefixCache
 from .report import finish_reason
 from .editors import (OLLAMA_VERSION, infill_chunk, infill_final, ollama_chunk, ollama_final, ollama_show,
@@ -56,6 +57,7 @@ class Settings:
     max_tokens_limit: int = 1024
     context_budget: int = DEFAULT_CONTEXT_BUDGET
     cache_bytes: int = 512 * 2**20
+    client_memory: bool = True  # remember the files each editor sent and retrieve from them
     max_body_bytes: int = 2 * 2**20
 
 
@@ -88,15 +90,18 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return bytes(body)
 
 
-def client_scope(request: Request, client_id: str | None) -> str | None:
-    """A client id as the worker keys it: the id a client chose (X-Client-Id or `user`), scoped to
-    what the server can verify about the sender (its address, not X-Forwarded-For; a digest of the
-    key it presented), so that one client cannot supersede another's requests by sending its id."""
-    if not client_id:
-        return None
+def sender(request: Request) -> str:
+    """What the server can verify about who sent a request: its address (not X-Forwarded-For) and
+    a digest of the key it presented. The memory of sent files is kept per sender (one editor)."""
     key = hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()[:16]
     peer = request.client.host if request.client else ""
-    return f"{peer}|{key}|{client_id}"
+    return f"{peer}|{key}"
+
+
+def client_scope(request: Request, client_id: str | None) -> str | None:
+    """A client id as the worker keys it: the id a client chose (X-Client-Id or `user`), scoped to
+    its sender, so that one client cannot supersede another's requests by sending its id."""
+    return f"{sender(request)}|{client_id}" if client_id else None
 
 
 def completion_body(rid: str, created: int, model: str, text: str, finish: str | None, usage=None, stats=None):
@@ -118,8 +123,9 @@ def usage_of(result: dict) -> dict:
 def create_app(model, settings: Settings) -> FastAPI:
     """Build every allowed method now (ValueError on a bad one) and the app around them."""
     prefix_cache = PrefixCache(settings.cache_bytes)
+    client_files = ClientFiles() if settings.client_memory else None
     methods = list(dict.fromkeys((settings.default_method, *settings.methods)))
-    worker = Worker(model, methods, settings.queue_size, settings.context_budget, prefix_cache)
+    worker = Worker(model, methods, settings.queue_size, settings.context_budget, prefix_cache, client_files)
     known_families = families()
 
     def check_key(request: Request):
@@ -165,7 +171,8 @@ def create_app(model, settings: Settings) -> FastAPI:
         return {"status": "ok", "model": model.name, "method": settings.default_method, "methods": methods,
                 "worker": worker.status(),
                 "prefix_cache": {"entries": len(prefix_cache), "bytes": prefix_cache.nbytes,
-                                 "max_bytes": prefix_cache.max_bytes, **vars(prefix_cache.counters)}}
+                                 "max_bytes": prefix_cache.max_bytes, **vars(prefix_cache.counters)},
+                "client_files": {"clients": len(client_files), "bytes": client_files.nbytes} if client_files else None}
 
     @app.get("/v1/models")
     async def models():
@@ -173,6 +180,17 @@ def create_app(model, settings: Settings) -> FastAPI:
             "id": model.name, "object": "model", "created": 0, "owned_by": "dyncomplete",
             "num_layers": model.num_layers, "default_method": settings.default_method, "methods": methods,
             "method_families": known_families}]}
+
+    def memory_of(request: Request, req: CompletionRequest) -> str | None:
+        """The key of the sender's memory of files when the server and the request use it."""
+        return sender(request) if client_files is not None and req.client_memory else None
+
+    def warm(request: Request, req: CompletionRequest) -> None:
+        """A cache-warming request holds no completion, but the files it sent are remembered."""
+        if (key := memory_of(request, req)) is not None:
+            context = clip_context(req.context, settings.context_budget)
+            prefix, suffix, _ = clip_prompt(req.prefix, req.suffix, settings.context_budget)
+            client_files.remember(key, context, prefix + (suffix or ""))
 
     async def start(request: Request, req: CompletionRequest):
         """Queue a parsed request; (job, next_event) where next_event(watch_disconnect) gives the
@@ -188,7 +206,7 @@ def create_app(model, settings: Settings) -> FastAPI:
 
         job = Job(prefix, suffix, req.params, req.method, req.prefix_cache, client_scope(request, req.client_id),
                   time.perf_counter() + settings.request_timeout_s, emit, clipped,
-                  clip_context(req.context, settings.context_budget), req.budget)
+                  clip_context(req.context, settings.context_budget), req.budget, memory_of(request, req))
         req.prefix = req.suffix = req.context = None  # the clipped text is all that is kept
         try:
             worker.submit(job)
@@ -293,6 +311,7 @@ def create_app(model, settings: Settings) -> FastAPI:
         req = await parsed(request, lambda obj: parse_infill(obj, model.name, methods, settings.max_tokens_limit))
         extra = ignored(req)
         if req.warm_only:
+            warm(request, req)
             body = infill_final(model.name, req, settings.context_budget, "", None, extra)
             return sse(iter([event(body)])) if req.stream else body
         job, next_event = await start(request, req)
@@ -324,6 +343,7 @@ def create_app(model, settings: Settings) -> FastAPI:
             return ollama_final(name, text, value, finish, started, extra)
 
         if req.warm_only:
+            warm(request, req)
             body = final(None)
             return StreamingResponse(iter([json.dumps(body) + "\n"]), media_type=NDJSON) if req.stream else body
         job, next_event = await start(request, req)

@@ -27,7 +27,8 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 NEUTRAL = {"n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, 0),
            "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {})}
 KNOWN = {"model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "stop", "stream", "seed",
-         "user", "method", "prefix_cache", "token_healing", "stream_options", "editor_guards", *NEUTRAL}
+         "user", "method", "prefix_cache", "token_healing", "stream_options", "editor_guards", "client_memory",
+         *NEUTRAL}
 
 
 class ApiError(Exception):
@@ -55,6 +56,7 @@ class CompletionRequest:
     context: RepoContext | None = None  # /infill's input_extra
     budget: int | None = None  # a smaller context budget than the server's (Ollama's num_ctx)
     warm_only: bool = False  # an editor's cache-warming request: answered without the model
+    client_memory: bool = False  # add context retrieved from the files this sender sent before
 
 
 def decode_body(raw: bytes) -> dict:
@@ -221,5 +223,12 @@ def parse_completion(obj: dict, model_name: str, methods: Sequence[str], max_tok
         stream=typed(obj, "stream", (bool,), "a boolean", False),
         client_id=client_header or user,
         prefix_cache=typed(obj, "prefix_cache", (bool,), "a boolean", True),
-        ignored_fields=sorted(set(obj) - KNOWN),
+        ignored_fields=sorted(set(obj) - KNOWN), client_memory=client_memory(obj, False),
     )
+
+
+def client_memory(obj: dict, default: bool) -> bool:
+    """Whether a request uses its sender's memory of files: by default on the editor endpoints,
+    off on `/v1/completions`, where unrelated prompts (scripts, benchmarks) would otherwise get
+    context from one another and answers would depend on what was sent before."""
+    return typed(obj, "client_memory", (bool,), "a boolean", default)

@@ -24,6 +24,7 @@ from ..energy import open_meter
 from ..engine import GenerationParams, build_prompt
 from ..engine.repo_context import RepoContext
 from ..methods import make_method
+from .client_files import ClientFiles
 from .prefix_cache import PrefixCache
 from .report import stats_object
 from .request import ApiError
@@ -44,6 +45,7 @@ class Job:
     clipped: bool = False  # the app cut the text by characters before queueing (request.clip_prompt)
     context: RepoContext | None = None  # other files' code (/infill's input_extra)
     budget: int | None = None  # the request's own, smaller context budget
+    memory: str | None = None  # the sender whose remembered files add context (None: none added)
     submitted: float = field(default_factory=time.perf_counter)
     reason: str = ""  # why it was cancelled: disconnected, superseded, timeout
     _flag: threading.Event = field(default_factory=threading.Event)
@@ -81,11 +83,12 @@ def build_methods(names: Sequence[str], model) -> dict[str, object]:
 
 class Worker:
     def __init__(self, model, methods: Sequence[str], queue_size: int, context_budget: int,
-                 prefix_cache: PrefixCache):
+                 prefix_cache: PrefixCache, client_files: ClientFiles | None = None):
         """`methods`: the names requests may pick, all built here."""
         self.model = model
         self.context_budget = context_budget
         self.prefix_cache = prefix_cache
+        self.client_files = client_files
         self._methods = build_methods(methods, model)
         self.meter = open_meter(str(model.device))
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
@@ -177,7 +180,10 @@ class Worker:
         started = time.perf_counter()
         method = self._method(job.method)
         budget = min(job.budget or self.context_budget, self.context_budget)
-        prompt = build_prompt(self.model.tokenizer, job.prefix, job.suffix, budget, job.context)
+        context = job.context
+        if job.memory is not None and self.client_files is not None:
+            context = self.client_files.context(job.memory, job.prefix, job.suffix, job.context)
+        prompt = build_prompt(self.model.tokenizer, job.prefix, job.suffix, budget, context)
         if job.cancelled():  # tokenising counts against the deadline too
             raise _Skipped
         cache = None
@@ -201,6 +207,7 @@ class Worker:
                 "queue_s": started - job.submitted,
                 "fim": prompt.fim,
                 "context_chunks": prompt.context_chunks,
+                "memory_chunks": len(context.chunks) - len(job.context.chunks if job.context else ()) if context else 0,
                 "truncated_prompt": truncated,
                 "notices": notices,
             }),
