@@ -288,3 +288,26 @@ def check_tree_against_chains(model):
     for i in range(model.num_layers):
         assert same(tree_cache.keys[i][..., : start + 4].flatten(), chain_cache.keys[i][..., : start + 4].flatten())
         assert same(tree_cache.values[i][..., : start + 4, :].flatten(), chain_cache.values[i][..., : start + 4, :].flatten())
+
+
+def test_projected_keys_and_values_are_those_a_full_layer_stores(quantized):
+    """`project_kv` (early exit's propagation; int4: one native call for all the skipped layers)
+    stores for each layer exactly the keys and values that running that layer on the same hidden
+    state stores."""
+    model = quantized
+    ids = long_ids(model, 300)
+    projected, full = model.new_cache(), model.new_cache()
+    for cache in (projected, full):
+        model.forward(torch.tensor(ids[:290]), cache)
+    ctx = model.context(torch.tensor([290]))
+    with torch.inference_mode():
+        h = model.embed(torch.tensor([ids[290]]), ctx)
+        h = model.run_layers(0, h, ctx, projected, 20)
+        model.run_layers(0, model.embed(torch.tensor([ids[290]]), ctx), ctx, full, 20)
+        model.project_kv(range(20, model.num_layers), h, ctx, projected)
+        for i in range(20, model.num_layers):
+            model.run_layer(i, h, ctx, full)  # each layer on the same input, its output left unused
+    assert projected.lengths == full.lengths == [291] * model.num_layers
+    for i in range(model.num_layers):
+        assert torch.equal(projected.keys[i][..., :291], full.keys[i][..., :291]), i
+        assert torch.equal(projected.values[i][..., :291, :], full.values[i][..., :291, :]), i

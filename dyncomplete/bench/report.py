@@ -24,9 +24,11 @@ def _context_note(summary: dict) -> str:
 def render(summary: dict, plots: list[str]) -> str:
     methods = summary["methods"]
     has_pass = any("pass_at_1" in m for m in methods.values())
+    has_decisions = any(m.get("decision_per_token") for m in methods.values())
     cols = ["method", "EM", "ES", "ROUGE-L", "BLEU"] + (["pass@1"] if has_pass else []) + [
-        "tok/s", "prefill tok/s", "ms/token", "layers/token", "compute/token", "speedup", "e2e speedup",
-        "bandwidth", "J/token", "same as baseline"]
+        "tok/s", "prefill tok/s", "ms/token", "layers/token", "compute/token"] + (
+        ["deciding/token"] if has_decisions else []) + [
+        "speedup", "e2e speedup", "bandwidth", "J/token", "same as baseline"]
     lines = [
         f"# {summary['model']} on {summary['dataset']}",
         "",
@@ -48,8 +50,10 @@ def render(summary: dict, plots: list[str]) -> str:
         if has_pass:
             row.append(_fmt(m.get("pass_at_1")))
         row += [_fmt(m["tokens_per_s"]), _fmt(m.get("prefill_tokens_per_s"), 0), _fmt(m["decode_ms_per_token"]),
-                _fmt(m["layer_evals_per_token"]), _fmt(m["compute_per_token"], 2),
-                _fmt(m["speedup_vs_baseline"], 2, "x"), _fmt(m["e2e_speedup_vs_baseline"], 2, "x"),
+                _fmt(m["layer_evals_per_token"]), _fmt(m["compute_per_token"], 2)]
+        if has_decisions:
+            row.append(_fmt(m.get("decision_per_token"), 3))
+        row += [_fmt(m["speedup_vs_baseline"], 2, "x"), _fmt(m["e2e_speedup_vs_baseline"], 2, "x"),
                 _fmt(None if m.get("bandwidth_share") is None else 100 * m["bandwidth_share"], 0, "%"),
                 _fmt(m["energy_j_per_token"], 3),
                 _fmt(None if m["identical_to_baseline"] is None else 100 * m["identical_to_baseline"], 0, "%")]

@@ -49,6 +49,8 @@ def summarize_method(rows: list[dict], baseline: dict[str, dict]) -> dict:
         "decode_ms_per_token": _ratio(1000 * decode_s, new_tokens),
         "layer_evals_per_token": _ratio(total("layer_evals"), new_tokens),
         "compute_per_token": _ratio(sum(r["compute_per_token"] * r["stats"]["new_tokens"] for r in rows), new_tokens),
+        "decision_per_token": _ratio(sum(r.get("decision_per_token", 0.0) * r["stats"]["new_tokens"] for r in rows),
+                                     new_tokens),
         "energy_j": energy,
         "energy_j_per_token": _ratio(energy, new_tokens),
         "energy_source": rows[0]["energy_source"] if rows else None,

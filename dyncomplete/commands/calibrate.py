@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 
 from ..exits.policies import POLICIES
+from ..exits.shortlist import DEFAULT_SIZE
 from ._common import add_model_options, load_from_args
 
 
 def run(args) -> int:
     from ..exits.heads import lens_heads, load_heads
-    from ..training.calibrate import calibrate, layer_signals, score_of
+    from ..exits.shortlist import Shortlist
+    from ..training.calibrate import LOGIT_SCORES, calibrate, layer_signals, score_of
     from ..training.collect import cached_collect
 
     model = load_from_args(args)
@@ -20,12 +22,14 @@ def run(args) -> int:
     if args.lens:
         heads = lens_heads(model, heads.layers)
     data = cached_collect(model, heads.layers, "calib", args.tokens)
-    signals = layer_signals(heads, data)
+    signals = layer_signals(heads, data, shortlist=Shortlist(model, args.short) if args.short else None)
+    suffix = "" if args.short == DEFAULT_SIZE else f"/short={args.short}"
     names = list(POLICIES) if args.policy == "all" else args.policy.split(",")
     results = {}
     for name in names:
         signals.scores[name] = score_of(name, heads, signals, data)
-        results[name] = {t: calibrate(heads, signals, name, t) for t in args.target}
+        results[name] = {t: calibrate(heads, signals, name, t, suffix=suffix if name in LOGIT_SCORES else "")
+                         for t in args.target}
         for t, r in results[name].items():
             print(f"{r['method']:<40} target {t:.3f}: agreement {r['agreement']:.3f}, "
                   f"{r['layers_per_token']:.2f} layers/token, {100 * r['exit_share']:.0f}% exit")
@@ -45,6 +49,8 @@ def register(sub) -> None:
     p.add_argument("--target", type=float, nargs="+", default=[0.95, 0.99], help="agreement(s) to keep")
     p.add_argument("--heads", default=None, help="exit heads file (default: the shipped heads)")
     p.add_argument("--lens", action="store_true", help="calibrate plain logit-lens heads on the same layers")
+    p.add_argument("--short", type=int, default=DEFAULT_SIZE,
+                   help="shortlist rows the logit policies decide on, as `early-exit:.../short=N` (0: full head)")
     p.add_argument("--tokens", type=int, default=2000, help="calib-split tokens")
     p.add_argument("--out", default=None, help="write thresholds and curves as JSON")
     p.set_defaults(run=run)

@@ -15,6 +15,6 @@ this process. Work per token, independent of the machine, is `work.compute_per_t
 from __future__ import annotations
 
 from .meters import Measurement, Meter, open_meter
-from .work import compute_per_token
+from .work import compute_per_token, decision_per_token
 
-__all__ = ["Measurement", "Meter", "open_meter", "compute_per_token"]
+__all__ = ["Measurement", "Meter", "open_meter", "compute_per_token", "decision_per_token"]

@@ -28,3 +28,8 @@ def compute_per_token(stats, model) -> float:
         return 0.0
     work = stats.layer_evals * layer_macs(model) + stats.head_evals * head_macs(model) + stats.extra_macs
     return work / stats.new_tokens / full_pass_macs(model)
+
+
+def decision_per_token(stats, model) -> float:
+    """The part of `compute_per_token` that early exit spent deciding where to exit."""
+    return stats.decision_macs / stats.new_tokens / full_pass_macs(model) if stats.new_tokens else 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..energy import compute_per_token
+from ..energy import compute_per_token, decision_per_token
 
 
 @dataclass
@@ -23,6 +23,7 @@ class Stats:
     layer_evals: float = 0  # float: a propagated layer counts the share of a layer it costs
     head_evals: float = 0.0  # full LM-head evaluations (exit decisions on the head included)
     extra_macs: float = 0.0  # policy / classifier / draft-head work, in multiply-accumulates
+    decision_macs: float = 0.0  # early exit's deciding, of the work above (see methods/early_exit.py)
     drafted: int = 0
     accepted: int = 0
     verify_steps: int = 0
@@ -83,6 +84,7 @@ class Stats:
             "decode_s": self.decode_s,
             "layer_evals_per_token": self.layer_evals_per_token,
             "compute_per_token": compute_per_token(self, model),
+            "decision_per_token": decision_per_token(self, model),
             "drafted": self.drafted,
             "accepted": self.accepted,
             "stopped_by": self.stopped_by,

@@ -36,9 +36,11 @@ class ExitHeads(torch.nn.Module):
         self.metadata: dict = {}
 
     def translate(self, e: int, hidden: torch.Tensor) -> torch.Tensor:
+        """The map in its own dtype (float32 on a CPU, see `load_heads`), back in the hidden's."""
         if self.kind == "lens":
             return hidden
-        return self.maps[str(e)](hidden)
+        linear = self.maps[str(e)]
+        return linear(hidden.to(linear.weight.dtype)).to(hidden.dtype)
 
     def normed(self, e: int, hidden: torch.Tensor) -> torch.Tensor:
         """Translator + final norm: what the LM head reads."""
@@ -82,8 +84,11 @@ def load_heads(model, path=None) -> ExitHeads:
     if meta["hidden_size"] != model.hidden_size:
         raise ValueError(f"exit heads {path} have width {meta['hidden_size']}, the model {model.hidden_size}")
     maps = {}
+    # float32 on a CPU: PyTorch's bfloat16 matrix-vector product there took 0.12 ms per exit check
+    # on SmolLM2, float32 0.02 ms (half a decoder layer against a tenth)
+    dtype = torch.float32 if model.device.type == "cpu" else model.dtype
     for e in meta["layers"]:
-        lin = torch.nn.Linear(model.hidden_size, model.hidden_size, device=model.device, dtype=model.dtype)
+        lin = torch.nn.Linear(model.hidden_size, model.hidden_size, device=model.device, dtype=dtype)
         with torch.no_grad():
             lin.weight.copy_(tensors[f"{e}.weight"])
             lin.bias.copy_(tensors[f"{e}.bias"])

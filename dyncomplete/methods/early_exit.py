@@ -6,6 +6,10 @@ grammar is `methods.registry.parse_method`'s):
   `lens`            plain logit-lens heads on the shipped heads' layers (default: shipped heads)
   `heads=PATH`      translator heads from a file
   `min=N`           check only exit layers >= N (each check of a logit policy costs one LM head)
+  `short=N`         logit policies decide on a shortlist head: N frequent rows plus the request's
+                    own tokens (`exits/shortlist.py`; default 4096, 0: the full head at every
+                    check); an exit it allows is confirmed with the full head, which also gives
+                    the emitted token
   `kv=catchup`      (default) skipped layers are run later for the exited positions, together
                     with the next token that goes deeper: exact caches, no extra approximation
   `kv=propagate`    skipped layers get keys/values projected from the exit hidden state (CALM,
@@ -13,8 +17,9 @@ grammar is `methods.registry.parse_method`'s):
 
 Work is counted as design.md section 3 defines it: every layer run (catch-up included) is a
 layer evaluation, a propagated layer counts the fraction of a layer its key/value projections
-cost, every head evaluated (to decide or to emit) is a head evaluation, translators and policy
-arithmetic go to `extra_macs`.
+cost, every head evaluated (to decide or to emit) is a head evaluation, translators, shortlist
+heads and policy arithmetic go to `extra_macs`; `Stats.decision_macs` holds the part spent on
+deciding (translators, shortlists, policies and the full heads of checks that did not exit).
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ import copy
 
 import torch
 
-from ..energy.work import layer_macs
+from ..energy.work import head_macs, layer_macs
 from ..engine import DecodingMethod
 from ..engine.sampling import choose_token
 from ..exits.heads import ExitHeads, lens_heads, load_heads
 from ..exits.policies import ExitPolicy, make_policy
+from ..exits.shortlist import DEFAULT_SIZE, RequestShortlist, Shortlist
 
 PROPAGATE_KINDS = ("llama", "qwen2")
 
@@ -35,12 +41,14 @@ PROPAGATE_KINDS = ("llama", "qwen2")
 class EarlyExit(DecodingMethod):
     name = "early-exit"
 
-    def __init__(self, heads: ExitHeads, policy: ExitPolicy, kv: str = "catchup", min_layer: int = 1):
+    def __init__(self, heads: ExitHeads, policy: ExitPolicy, kv: str = "catchup", min_layer: int = 1,
+                 shortlist: Shortlist | None = None):
         if kv not in ("catchup", "propagate"):
             raise ValueError(f"kv must be catchup or propagate, got {kv!r}")
         if kv == "propagate" and heads.model.kind not in PROPAGATE_KINDS:
             raise ValueError(f"kv=propagate supports {', '.join(PROPAGATE_KINDS)}, not {heads.model.kind}")
         self.heads, self.policy, self.kv = heads, policy, kv
+        self.shortlist = shortlist if policy.needs_logits else None
         self.exits = {e for e in heads.layers if e >= min_layer}
         if not self.exits:
             raise ValueError(f"no exit layer >= {min_layer} among {heads.layers}")
@@ -51,27 +59,37 @@ class EarlyExit(DecodingMethod):
         position, layers = len(prompt_ids), model.num_layers
         pending: list[tuple[int, torch.Tensor]] = []
         policy = copy.copy(self.policy)  # a policy may keep state along a token (saturation): one per request
+        shortlist = self.shortlist.for_request() if self.shortlist is not None else None
+        if shortlist is not None:
+            shortlist.grow(prompt_ids)
         while True:
             token = choose_token(logits, emitter.params, generator)
             if emitter.emit(token, layers, "full" if layers == model.num_layers else "exit"):
                 break
-            logits, layers, pending = self.step(model, token, position, cache, pending, stats, policy)
+            if shortlist is not None:
+                shortlist.grow([token])
+            logits, layers, pending = self.step(model, token, position, cache, pending, stats, policy, shortlist)
             position += 1
         cache.crop(min(cache.lengths))  # leave every layer equally long for whoever reuses it
 
-    def step(self, model, token, position, cache, pending, stats, policy: ExitPolicy | None = None):
+    def step(self, model, token, position, cache, pending, stats, policy: ExitPolicy | None = None,
+             shortlist: RequestShortlist | None = None):
         """Run one token until it exits. `pending` holds (resume layer, hidden (1, 1, d)) for the
         exited positions right before `position` that still lack layers resume..L-1; resume
         layers never increase along positions, so the positions missing at a layer are a suffix.
-        `policy`: the request's copy of the exit policy (default: the method's own).
+        `policy`: the request's copy of the exit policy (default: the method's own); `shortlist`:
+        the request's shortlist (default: the method's, without the request's tokens).
         Returns (logits, layers run, pending)."""
         policy = policy or self.policy
+        if shortlist is None and self.shortlist is not None:
+            shortlist = self.shortlist.for_request()
         first = position - len(pending)
         start = position  # first position in the running batch
         ctx = model.context(torch.tensor([position]))
         h = model.embed(torch.tensor([token]), ctx)
         policy.reset()
-        for j in range(model.num_layers):
+        j = 0
+        while j < model.num_layers:
             joined = []
             while start > first and pending[start - first - 1][0] == j:
                 start -= 1
@@ -80,54 +98,69 @@ class EarlyExit(DecodingMethod):
                 h = torch.cat(joined + [h], dim=1)
                 ctx = model.context(torch.arange(start, position + 1))
             assert cache.lengths[j] == start, (j, cache.lengths[j], start)
-            h = model.run_layer(j, h, ctx, cache)
-            stats.layer_evals += h.shape[1]
-            e = j + 1
-            if e in self.exits and e < model.num_layers:
-                logits = self._exit_logits(model, e, h, stats) if policy.needs_logits else None
-                stats.extra_macs += policy.decision_macs()
-                if policy.decide(e, h[0, -1], logits):
-                    if logits is None:
-                        logits = self._exit_logits(model, e, h, stats)
+            # up to the next exit check or the next layer where pending positions join, in one call
+            stops = [e for e in self.exits if e > j] + [model.num_layers]
+            if start > first:
+                stops.append(pending[start - first - 1][0])
+            end = min(stops)
+            h = model.run_layers(j, h, ctx, cache, end)
+            stats.layer_evals += h.shape[1] * (end - j)
+            j = end
+            if j in self.exits and j < model.num_layers:
+                logits = self._decide(model, j, h, stats, policy, shortlist)
+                if logits is not None:
                     if self.kv == "propagate":
-                        self._propagate(model, range(e, model.num_layers), h, ctx, cache, stats)
-                        return logits, e, []
+                        self._propagate(model, range(j, model.num_layers), h, ctx, cache, stats)
+                        return logits, j, []
                     kept = pending[: start - first]
-                    return logits, e, kept + [(e, h[:, k : k + 1]) for k in range(h.shape[1])]
+                    return logits, j, kept + [(j, h[:, k : k + 1]) for k in range(h.shape[1])]
         stats.head_evals += 1
         return model.head(model.final_norm(h[:, -1:])).float()[0, -1], model.num_layers, []
 
-    def _exit_logits(self, model, e, h, stats):
-        stats.head_evals += 1
+    def _decide(self, model, e, h, stats, policy, shortlist) -> torch.Tensor | None:
+        """The exit head's logits where the token exits at layer `e`, else None. The check's
+        work goes to `stats.decision_macs`, less the translator and head an exit needs anyway."""
+        hidden = h[0, -1]
+        head = head_macs(model)
+        before = stats.extra_macs + stats.head_evals * head
+        stats.extra_macs += policy.decision_macs()
+        logits = None
+        if not policy.needs_logits:
+            exits = policy.decide(e, hidden, None)
+        elif shortlist is None:
+            logits = self._exit_logits(model, e, hidden, stats)
+            exits = policy.decide(e, hidden, logits)
+        else:
+            normed = self.heads.normed(e, hidden)
+            stats.extra_macs += self.heads.map_macs() + shortlist.macs()
+            exits = policy.decide(e, hidden, shortlist.logits(normed))
+            if exits:  # confirmed by the full head, which the emitted token needs anyway
+                logits = self._head(model, normed, stats)
+                exits = policy.decide(e, hidden, logits)
+        if exits and logits is None:
+            logits = self._exit_logits(model, e, hidden, stats)
+        spent = stats.extra_macs + stats.head_evals * head - before
+        stats.decision_macs += spent - (self.heads.map_macs() + head if exits else 0.0)
+        return logits if exits else None
+
+    def _exit_logits(self, model, e, hidden, stats):
         stats.extra_macs += self.heads.map_macs()
-        return self.heads.logits(e, h[0, -1])
+        return self._head(model, self.heads.normed(e, hidden), stats)
+
+    @staticmethod
+    def _head(model, normed, stats):
+        stats.head_evals += 1
+        return model.head(normed).float()
 
     def _propagate(self, model, layers, h, ctx, cache, stats):
         share = kv_projection_macs(model) / layer_macs(model)
-        propagate_kv(model, layers, h, ctx, cache)
+        model.project_kv(layers, h, ctx, cache)
         stats.layer_evals += share * len(layers)
 
 
 def kv_projection_macs(model) -> float:
     attn = model.layers[0].self_attn
     return float(attn.k_proj.weight.numel() + attn.v_proj.weight.numel())
-
-
-def propagate_kv(model, layers, hidden, ctx, cache) -> None:
-    """Fill `layers` of the cache at the step's positions from `hidden`, with each layer's input
-    norm, key/value projections and rotary embedding only (llama/qwen2 layout)."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    for j in layers:
-        layer = model.layers[j]
-        attn = layer.self_attn
-        x = layer.input_layernorm(hidden)
-        shape = (*x.shape[:-1], -1, attn.head_dim)
-        k = attn.k_proj(x).view(shape).transpose(1, 2)
-        v = attn.v_proj(x).view(shape).transpose(1, 2)
-        cos, sin = ctx.rotary[model.layer_types[j]]
-        k, _ = apply_rotary_pos_emb(k, k, cos, sin)
-        cache.update(k, v, j)
 
 
 def build(name, model) -> EarlyExit:
@@ -143,5 +176,10 @@ def build(name, model) -> EarlyExit:
         min_layer = int(name.options.get("min", 1))
     except ValueError:
         raise ValueError(f"min takes a layer number, got {name.options['min']!r}") from None
-    return EarlyExit(heads, make_policy(policy, name.threshold, model, heads), name.options.get("kv", "catchup"),
-                     min_layer)
+    try:
+        short = int(name.options.get("short", DEFAULT_SIZE))
+    except ValueError:
+        raise ValueError(f"short takes a number of rows, got {name.options['short']!r}") from None
+    policy = make_policy(policy, name.threshold, model, heads)
+    shortlist = Shortlist(model, short) if short and policy.needs_logits else None
+    return EarlyExit(heads, policy, name.options.get("kv", "catchup"), min_layer, shortlist)

@@ -26,6 +26,7 @@ import torch
 
 from ..energy.work import full_pass_macs, head_macs, layer_macs
 from ..engine.sampling import draw
+from ..exits.shortlist import Shortlist
 from .draft_control import AcceptanceTracker, ExitLayerController, best_length, expected_tokens
 from .verify import Draft
 
@@ -103,7 +104,8 @@ class LookupProposer(Proposer):
 
 class SelfDraftProposer(Proposer):
     """Draft with the model's first E layers and exit head E over a shortlist of token ids (the
-    lowest BPE ranks, i.e. the earliest, most frequent merges, plus every token of the context);
+    lowest BPE ranks, i.e. the earliest, most frequent merges (`exits/shortlist.py`, in the head's
+    weight format), plus every token of the context);
     a token outside the shortlist simply cannot be drafted. The head is the costly part of a small
     model (design.md section 4), so the shortlist cuts the draft cost several-fold.
 
@@ -121,35 +123,20 @@ class SelfDraftProposer(Proposer):
         self.max_draft = max_draft
         self.stop = stop
         self.controller = controller
-        self.shortlist_size = shortlist
+        self.base = Shortlist(heads.model, shortlist)  # built once, shared by every request
 
     def start(self, model, prompt_ids, params, generator, stats):
         super().start(model, prompt_ids, params, generator, stats)
         if self.controller is not None:
             self.controller = self.controller.fresh()  # from the priors: this request's evidence only
-        base = range(min(self.shortlist_size, model.vocab_size))
-        self.in_list = set(base)
-        self.ids = list(base)
-        self.rows = model.lm_head.weight[: len(self.ids)]
-        self.seen = 0
-
-    def _grow_shortlist(self, model, context: list[int]) -> None:
-        new = [t for t in dict.fromkeys(context[self.seen :]) if t not in self.in_list and t < model.vocab_size]
-        self.seen = len(context)
-        if new:
-            self.in_list.update(new)
-            self.ids.extend(new)
-            self.rows = torch.cat([self.rows, model.lm_head.weight[new]])
+        self.shortlist = self.base.for_request()
 
     def _draft_logits(self, model, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        logits = (self.heads.normed(layer, hidden).reshape(-1) @ self.rows.T).float()
-        if model.softcap is not None:
-            logits = torch.tanh(logits / model.softcap) * model.softcap
-        self.stats.extra_macs += len(self.ids) * model.hidden_size + self.heads.map_macs()
-        return logits
+        self.stats.extra_macs += self.shortlist.macs() + self.heads.map_macs()
+        return self.shortlist.logits(self.heads.normed(layer, hidden))
 
     def propose(self, model, cache, context, position):
-        self._grow_shortlist(model, context)
+        self.shortlist.grow(context)
         layer, k = self.controller.choose() if self.controller else (self.layer, self.max_draft)
         token, hiddens, tokens, probs = context[-1], [], [], []
         for j in range(k + 1):
@@ -166,9 +153,9 @@ class SelfDraftProposer(Proposer):
                 break
             index, q = draw(logits, self.params, self.generator)
             if q is not None:
-                ids = torch.tensor(self.ids, device=q.device)
+                ids = torch.tensor(self.shortlist.ids, device=q.device)
                 probs.append(torch.zeros(model.vocab_size, device=q.device).index_put_((ids,), q))
-            token = self.ids[index]
+            token = self.shortlist.ids[index]
             tokens.append(token)
         return Draft(tokens, torch.stack(probs) if probs else None, torch.cat(hiddens, dim=1), layer, self.name)
 

@@ -6,7 +6,7 @@ dispatch, hooks, keyword plumbing and small tensors made per call. This engine h
 
 - per layer one fused query/key/value weight and one fused gate/up weight (the Hugging Face
   modules keep theirs as views into the fused tensors, so training code, peft and
-  `early_exit.propagate_kv` still find `q_proj`, `k_proj`, ... with the same values and no
+  `LayeredModel.project_kv` still find `q_proj`, `k_proj`, ... with the same values and no
   second copy of the weights);
 - the model's own RMSNorm as two tensor operations (the same arithmetic as Hugging Face's:
   float32 normalisation, rounded to the model dtype, then times the weight);
@@ -32,7 +32,7 @@ included: int8 per output channel (symmetric) with PyTorch's CPU weight-only ker
 groups of `INT4_GROUP` input features (asymmetric, scale and zero point per group) with the
 native kernels of `native/decode.c`, which also run whole layers for short queries (`run_native`). Both give each row the same result at any row count (checked by the tests), so
 verification passes stay identical to one-token decoding. The Hugging Face modules then hold the
-dequantized weights, so the `hf` engine, `propagate_kv` and the self-draft shortlist see the same
+dequantized weights, so the `hf` engine and `project_kv` see the same
 model. Passes of more than `SHORT_QUERY` positions (prompts) multiply by those dequantized
 weights instead: the weight-only kernels are compute-bound there (SmolLM2 prefill with PyTorch's
 int4 kernel: 540 tokens/s against 950 in bfloat16), and every method prefills the same way, so
@@ -392,6 +392,39 @@ class FastEngine:
         gu = layer.gate_up(x)
         act = F.silu(gu[..., : self.intermediate]) * gu[..., self.intermediate :]
         return h + layer.down(act)
+
+    def project_kv(self, layers: range, hidden: torch.Tensor, ctx, cache) -> None:
+        """Keys and values of `layers` for the step's positions, all from `hidden` (input norm, the
+        fused projection, rotary embedding), appended to the cache as `run_layer` stores them: in
+        one call of decode.c where `run_native` could run these layers, else in PyTorch."""
+        q_len = hidden.shape[1]
+        start = cache.lengths[layers[0]]
+        if (self.native_layers is not None and q_len <= SHORT_QUERY and ctx.tree_parents is None
+                and ctx.position_list == list(range(start, start + q_len))
+                and all(cache.lengths[i] == start and self.native_layers[i] is not None for i in layers)):
+            hidden = hidden.contiguous()  # kept alive through the call
+            keys = [self._cache_room(i, cache, start + q_len, hidden) for i in layers]
+            n = len(keys)
+            native.library().layers_project_kv(
+                ctypes.byref(self.dims), ctypes.addressof(self.native_array) + layers[0] * ctypes.sizeof(ctypes.c_void_p),
+                n, hidden.data_ptr(), q_len, start, (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys]),
+                (ctypes.c_void_p * n)(*[cache.values[i].data_ptr() for i in layers]),
+                (ctypes.c_int * n)(*[k.shape[-1] for k in keys]),
+                ctx.fast_cos.data_ptr(), ctx.fast_sin.data_ptr(), self.workspace.data_ptr())
+            for i in layers:
+                cache.lengths[i] += q_len
+            return
+        H, KV, d = self.heads, self.kv_heads, self.head_dim
+        for i in layers:
+            layer = self.layers[i]
+            kv = layer.qkv(self.rms_norm(hidden, layer.in_norm)).view(1, q_len, H + 2 * KV, d)[:, :, H:]
+            k = kv[:, :, :KV]
+            k = k * ctx.fast_cos + k.roll(d // 2, -1) * ctx.fast_sin_signed
+            start = cache.lengths[i]
+            keys = self._cache_room(i, cache, start + q_len, hidden)
+            keys[0, :, :, start : start + q_len] = k[0].permute(1, 2, 0)  # (KV, d, q)
+            cache.values[i][0, :, start : start + q_len] = kv[0, :, KV:].transpose(0, 1)
+            cache.lengths[i] = start + q_len
 
     def run_native(self, layers: range, hidden: torch.Tensor, ctx, cache) -> torch.Tensor | None:
         """`layers` (consecutive, to the last at most) in one call of decode.c, where each is native

@@ -137,7 +137,7 @@ class LayeredModel:
             cos, sin, sin_signed = self.fast.rotary.at(ctx.position_list)
             ctx.fast_cos, ctx.fast_sin_signed = cos[None, :, None], sin_signed[None, :, None]
             ctx.fast_sin = sin
-            for layer_type in set(self.layer_types):  # what the modules (and propagate_kv) read
+            for layer_type in set(self.layer_types):  # what the modules (and project_kv) read
                 ctx.rotary[layer_type] = (cos[None], sin[None])
             return ctx
         rotary = getattr(self.core, "rotary_emb", None)
@@ -183,16 +183,38 @@ class LayeredModel:
             out = self.layers[i](hidden, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
-    def run_layers(self, first: int, hidden: torch.Tensor, ctx: StepContext, cache: KVCache | None) -> torch.Tensor:
-        """`run_layer` for layers first.. to the last; the fast engine's native kernels run them
-        in one call where they can (the same results, without Python between layers)."""
+    def run_layers(self, first: int, hidden: torch.Tensor, ctx: StepContext, cache: KVCache | None,
+                   end: int | None = None) -> torch.Tensor:
+        """`run_layer` for layers first..end-1 (default: to the last); the fast engine's native
+        kernels run them in one call where they can (the same results, without Python between
+        layers)."""
+        layers = range(first, self.num_layers if end is None else end)
         fast = self._fast()
-        done = fast.run_native(range(first, self.num_layers), hidden, ctx, cache) if fast is not None else None
+        done = fast.run_native(layers, hidden, ctx, cache) if fast is not None else None
         if done is not None:
             return done
-        for i in range(first, self.num_layers):
+        for i in layers:
             hidden = self.run_layer(i, hidden, ctx, cache)
         return hidden
+
+    def project_kv(self, layers: range, hidden: torch.Tensor, ctx: StepContext, cache: KVCache) -> None:
+        """Keys and values of `layers` for the step's positions computed from `hidden` alone (input
+        norm, key/value projections, rotary embedding) and appended to `cache`: what early exit's
+        propagation (CALM, GREEN-CODE) writes for the layers a token skipped. llama/qwen2 layouts."""
+        fast = self._fast()
+        if fast is not None:
+            return fast.project_kv(layers, hidden, ctx, cache)
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        for i in layers:
+            attn = self.layers[i].self_attn
+            x = self.layers[i].input_layernorm(hidden)
+            shape = (*x.shape[:-1], -1, attn.head_dim)
+            k = attn.k_proj(x).view(shape).transpose(1, 2)
+            v = attn.v_proj(x).view(shape).transpose(1, 2)
+            cos, sin = ctx.rotary[self.layer_types[i]]
+            k, _ = apply_rotary_pos_emb(k, k, cos, sin)
+            cache.update(k, v, i)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         fast = self._fast()

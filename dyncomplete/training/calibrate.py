@@ -15,6 +15,7 @@ import torch
 
 from ..exits.heads import ExitHeads
 from ..exits.policies import make_policy
+from ..exits.shortlist import Shortlist
 from .collect import Collected
 
 LOGIT_SCORES = ("confidence", "entropy", "margin")
@@ -28,20 +29,31 @@ class LayerSignals:
     scores: dict[str, torch.Tensor]  # policy name -> score (fires when > threshold)
 
 
+def logit_scores(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(top-1 ids, confidence, minus the entropy, margin) of rows of logits."""
+    logp = torch.log_softmax(logits.float(), -1)
+    top = logp.topk(2, dim=-1)
+    probs = top.values.exp()
+    return top.indices[:, 0], probs[:, 0], (logp.exp() * logp).sum(-1), probs[:, 0] - probs[:, 1]
+
+
 @torch.inference_mode()
-def layer_signals(heads: ExitHeads, data: Collected, batch: int = 512) -> LayerSignals:
-    """Run every exit head once on every token (the costly part: a full LM head each)."""
+def layer_signals(heads: ExitHeads, data: Collected, batch: int = 512,
+                  shortlist: Shortlist | None = None) -> LayerSignals:
+    """Run every exit head once on every token (the costly part: a full LM head each). With a
+    shortlist, a logit policy's score is the smaller of the shortlist's and the full head's: the
+    decoder exits only where both pass (`methods/early_exit.py`)."""
     agree, conf, ent, margin = [], [], [], []
     for e in heads.layers:
         rows = [[], [], [], []]
         for s in range(0, len(data), batch):
-            logits = heads.logits(e, data.hidden[e][s : s + batch].to(heads.model.dtype))
-            logp = torch.log_softmax(logits, -1)
-            top = logp.topk(2, dim=-1)
-            rows[0].append(top.indices[:, 0] == data.top_ids[s : s + batch, 0])
-            rows[1].append(top.values[:, 0].exp())
-            rows[2].append((logp.exp() * logp).sum(-1))  # minus the entropy
-            rows[3].append(top.values[:, 0].exp() - top.values[:, 1].exp())
+            normed = heads.normed(e, data.hidden[e][s : s + batch].to(heads.model.dtype))
+            top, *scores = logit_scores(heads.model.head(normed))
+            if shortlist is not None:
+                scores = [torch.minimum(a, b) for a, b in zip(scores, logit_scores(shortlist.logits(normed))[1:])]
+            rows[0].append(top == data.top_ids[s : s + batch, 0])
+            for row, score in zip(rows[1:], scores):
+                row.append(score)
         for out, row in zip((agree, conf, ent, margin), rows):
             out.append(torch.cat(row))
     scores = {"confidence": torch.stack(conf), "entropy": torch.stack(ent), "margin": torch.stack(margin)}
@@ -70,9 +82,11 @@ def simulate(layers, agree: torch.Tensor, score: torch.Tensor, threshold: float,
             "layers_per_token": float(depth.float().mean()), "exit_share": float(any_fire.float().mean())}
 
 
-def calibrate(heads: ExitHeads, signals: LayerSignals, policy: str, target: float, points: int = 200) -> dict:
+def calibrate(heads: ExitHeads, signals: LayerSignals, policy: str, target: float, points: int = 200,
+              suffix: str = "") -> dict:
     """The threshold with the fewest layers per token whose agreement stays >= target, and the
-    curve it was picked from (thresholds at quantiles of the scores)."""
+    curve it was picked from (thresholds at quantiles of the scores). `suffix`: method options
+    the signals were computed for (`/short=0`)."""
     score = signals.scores[policy]
     grid = torch.quantile(score.reshape(-1)[torch.randperm(score.numel())[:100000]].float(),
                           torch.linspace(0, 1, points))
@@ -83,7 +97,7 @@ def calibrate(heads: ExitHeads, signals: LayerSignals, policy: str, target: floa
     best = min(ok, key=lambda c: (c["layers_per_token"], -c["agreement"]))
     threshold = -best["threshold"] if policy == "entropy" else best["threshold"]
     return {"policy": policy, "target": target, **best, "threshold": threshold,
-            "method": f"early-exit:{policy}@{threshold:.6g}", "curve": curve}
+            "method": f"early-exit:{policy}{suffix}@{threshold:.6g}", "curve": curve}
 
 
 def score_of(policy_name: str, heads: ExitHeads, signals: LayerSignals, data: Collected) -> torch.Tensor:

@@ -432,15 +432,14 @@ long workspace_floats(const dims_t *dm, int rows) {
  * bf16 in, out (rows, hidden) bf16; writes the rows' keys and values in those slots; parent: the
  * rows' tree (see attention; NULL for a chain); cos/sin: the rotary rows of the tokens' positions
  * (rows, head_dim) bf16 (a chain's are start, start + 1, ...; a tree's, start + depth). */
-static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out, int rows,
-                          int start, const int *parent, uint16_t *keys, uint16_t *values, int capacity,
-                          const uint16_t *cos, const uint16_t *sin, float *ws) {
-    int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, I = dm->intermediate;
+/* The first half of a layer: hidden (rows, hidden) bf16 -> h (its float copy), the input norm,
+ * queries, keys and values with rotary embedding in qkv (rows, (H + 2 KV) d); the keys and values
+ * written in cache slots start, start + 1, ... */
+static void project_qkv(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, int rows, int start,
+                        uint16_t *keys, uint16_t *values, int capacity, const uint16_t *cos, const uint16_t *sin,
+                        float *h, float *x, float *qkv, float *scratch) {
+    int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim;
     int nqkv = (H + 2 * KV) * d;
-    float *h = ws, *x = h + (size_t)rows * Hd, *qkv = x + (size_t)rows * Hd, *att = qkv + (size_t)rows * nqkv;
-    float *q = att + (size_t)rows * H * d, *gu = q + (size_t)rows * H * d, *act = gu + (size_t)rows * 2 * I;
-    float *scratch = act + (size_t)rows * I;
-
     for (long i = 0; i < (long)rows * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
     rms_norm(h, rows, Hd, ly->in_norm, dm->eps, x);
     linear_f32(&ly->qkv, x, rows, scratch, qkv);
@@ -454,6 +453,18 @@ static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *h
                 values[((size_t)k * capacity + pos) * d + i] = f32_to_bf16(row[(H + KV + k) * d + i]);
             }
     }
+}
+
+static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out, int rows,
+                          int start, const int *parent, uint16_t *keys, uint16_t *values, int capacity,
+                          const uint16_t *cos, const uint16_t *sin, float *ws) {
+    int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, I = dm->intermediate;
+    int nqkv = (H + 2 * KV) * d;
+    float *h = ws, *x = h + (size_t)rows * Hd, *qkv = x + (size_t)rows * Hd, *att = qkv + (size_t)rows * nqkv;
+    float *q = att + (size_t)rows * H * d, *gu = q + (size_t)rows * H * d, *act = gu + (size_t)rows * 2 * I;
+    float *scratch = act + (size_t)rows * I;
+
+    project_qkv(dm, ly, hidden, rows, start, keys, values, capacity, cos, sin, h, x, qkv, scratch);
     /* queries packed (rows, H, d) for attention */
     for (int r = 0; r < rows; r++) memcpy(q + (size_t)r * H * d, qkv + (size_t)r * nqkv, sizeof(float) * H * d);
     attention(dm, q, rows, start, parent, keys, values, capacity, att);
@@ -487,4 +498,16 @@ void layers_forward(const dims_t *dm, const layer_t *const *layers, int n, const
     for (int i = 0; i < n; i++) /* layer_forward reads its input whole before it writes: in place is safe */
         layer_forward(dm, layers[i], i == 0 ? hidden : out, out, rows, start, parent, keys[i], values[i], capacity[i],
                       cos, sin, ws);
+}
+
+/* Keys and values of layers first..first + n - 1 for `rows` tokens, all computed from the same
+ * hidden states (early exit's propagation: the layers a token skipped get keys and values from
+ * its exit hidden state); no attention, no MLP. Arguments as layers_forward's. */
+void layers_project_kv(const dims_t *dm, const layer_t *const *layers, int n, const uint16_t *hidden, int rows,
+                       int start, uint16_t *const *keys, uint16_t *const *values, const int *capacity,
+                       const uint16_t *cos, const uint16_t *sin, float *ws) {
+    int Hd = dm->hidden, nqkv = (dm->heads + 2 * dm->kv_heads) * dm->head_dim;
+    float *h = ws, *x = h + (size_t)rows * Hd, *qkv = x + (size_t)rows * Hd, *scratch = qkv + (size_t)rows * nqkv;
+    for (int i = 0; i < n; i++)
+        project_qkv(dm, layers[i], hidden, rows, start, keys[i], values[i], capacity[i], cos, sin, h, x, qkv, scratch);
 }
