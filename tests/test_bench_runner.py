@@ -172,3 +172,14 @@ def test_hf_prompt_lookup_counts_drafts_and_matches_baseline(smollm):
     assert s.layer_evals == smollm.num_layers * (s.drafted + s.verify_steps)  # each step: its draft + 1 token
     with pytest.raises(ValueError, match="unknown hf-generate variant"):
         make_method("hf-generate:beam", smollm)
+
+
+def test_the_early_exit_plot_is_drawn_only_beside_a_baseline(tmp_path):
+    from dyncomplete.bench.plots import plot_exit_energy
+
+    row = {"n": 2, "energy_j": 5.0, "rouge_l": 0.57}
+    summary = {"model": "m", "dataset": "d", "n": 2, "energy_source": "estimate",
+               "methods": {"baseline": row, "early-exit:margin@0.5": {"n": 2, "energy_j": 4.0, "rouge_l": 0.56}}}
+    assert plot_exit_energy(summary, tmp_path / "e.png").stat().st_size > 10_000
+    assert plot_exit_energy({**summary, "methods": {"baseline": row, "lookup": row}}, tmp_path / "f.png") is None
+    assert plot_exit_energy({**summary, "methods": {"early-exit:margin@0.5": row}}, tmp_path / "g.png") is None

@@ -34,7 +34,7 @@ def run(args) -> int:
     import torch
 
     from ..bench.bandwidth import machine_bandwidth
-    from ..bench.plots import plot_drafting, plot_sweeps, plot_tradeoff
+    from ..bench.plots import plot_drafting, plot_exit_energy, plot_sweeps, plot_tradeoff
     from ..data.datasets import load_dataset
     from ..paths import cpu_name
     from ..bench.report import render
@@ -63,9 +63,9 @@ def run(args) -> int:
              plot_tradeoff(summary, "energy_j_per_token", out / "quality_vs_energy.png").name]
     if sweeps:
         plots.append(plot_sweeps(summary, sweeps, out / "sweep.png").name)
-    drafting = plot_drafting(summary, out / "drafting.png")
-    if drafting is not None:
-        plots.append(drafting.name)
+    for extra in (plot_drafting(summary, out / "drafting.png"), plot_exit_energy(summary, out / "exit_energy.png")):
+        if extra is not None:
+            plots.append(extra.name)
     report = render(summary, plots)
     (out / "report.md").write_text(report)
     print(json.dumps(summary, indent=2) if args.json else report)
