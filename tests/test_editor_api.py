@@ -179,6 +179,22 @@ def test_files_sent_once_come_back_as_context_for_the_same_editor_only(served):
     assert health["client_files"]["clients"] >= 1 and health["client_files"]["bytes"] >= len(geometry)
 
 
+def test_lookup_drafts_from_the_same_clients_earlier_completions(served):
+    """The cross-request n-gram cache: a prompt asked again has its earlier answer in the history
+    only (not in its own text), lookup drafts from it, and the answer stays the same."""
+    url, _ = served
+    body = {"model": SMOL, "prompt": "def parse_header(line):\n    name, value =", "max_tokens": 16,
+            "method": "lookup"}
+    first = post(url, "/v1/completions", body).json()
+    again = post(url, "/v1/completions", body).json()
+    alone = post(url, "/v1/completions", {**body, "ngram_cache": False}).json()
+    assert first["choices"][0]["text"] == again["choices"][0]["text"] == alone["choices"][0]["text"]
+    assert again["dyncomplete"]["draft_sources"]["history"]["accepted"] > 0
+    assert "history" not in alone["dyncomplete"]["draft_sources"]
+    health = httpx.get(f"{url}/health", headers=HEADERS, timeout=30).json()
+    assert health["ngram_cache"]["tokens"] >= first["usage"]["completion_tokens"]
+
+
 def test_qwen_fills_the_middle_for_every_client(qwen_server):
     for name in ("llama_vscode_infill.json", "llama_vim_infill.json"):
         # the middle (the repository context makes it a `return` of the value), then the guards

@@ -19,15 +19,27 @@ def test_lookup_drafts_what_followed_the_latest_longest_match():
     #          a  b  c  X  Y  .  a  b  c  Z  W  .  a  b  c
     context = [1, 2, 3, 7, 8, 0, 1, 2, 3, 5, 6, 0, 1, 2, 3]
     lookup, draft = lookup_on(context, max_draft=10)
-    assert lookup.matched == 3 and draft  # the latest occurrence of the 3-gram, as far as it pays
+    assert lookup.matched == ("lookup", 3) and draft  # the latest occurrence of the 3-gram, as far as it pays
     assert draft == [5, 6, 0, 1, 2, 3][: len(draft)]
 
 
 def test_lookup_falls_back_to_shorter_ngrams_and_never_drafts_the_suffix_itself():
     lookup, draft = lookup_on([4, 9, 1, 5, 9], max_draft=2)
-    assert lookup.matched == 1 and draft and draft == [1, 5][: len(draft)]
+    assert lookup.matched == ("lookup", 1) and draft and draft == [1, 5][: len(draft)]
     lookup, draft = lookup_on([4, 9, 1, 5, 6])
-    assert lookup.matched == 0 and draft == []  # the last token alone is no match
+    assert lookup.matched is None and draft == []  # the last token alone is no match
+
+
+def test_lookup_drafts_from_earlier_requests_where_the_context_has_no_match():
+    history = (9, 9, 4, 5, 6, 7, 8)  # an earlier completion: ... 4 5 6 7 8
+    lookup = LookupProposer(max_draft=10).begin(None, [1, 4, 5], GenerationParams(history=history), None, Stats())
+    draft = lookup.propose(None, None, [1, 4, 5], 2)
+    assert lookup.matched == ("history", 2) and draft.source == "history" and draft.tokens
+    assert draft.tokens == [6, 7, 8][: len(draft.tokens)]
+    context = [4, 5, 3, 1, 4, 5]  # the request's own text matches too: it comes first
+    lookup = LookupProposer(max_draft=10).begin(None, context, GenerationParams(history=history), None, Stats())
+    draft = lookup.propose(None, None, context, 5)
+    assert lookup.matched == ("lookup", 2) and draft.tokens == [3, 1, 4, 5][: len(draft.tokens)]
 
 
 def test_lookup_grows_its_index_with_the_context():
@@ -47,10 +59,10 @@ def test_lookup_on_real_code(smollm):
 def test_lookup_length_follows_acceptance():
     lookup = LookupProposer(max_draft=10).begin(None, [1, 2, 3], GenerationParams(), None, Stats())
     for _ in range(60):
-        lookup.trackers[2].update(10, 10)
-        lookup.trackers[1].update(10, 0)
-    assert best_length(lookup.trackers[2].rates(), 0.1, 10)[0] == 10
-    assert best_length(lookup.trackers[1].rates(), 0.1, 10)[0] == 0
+        lookup.trackers["lookup", 2].update(10, 10)
+        lookup.trackers["lookup", 1].update(10, 0)
+    assert best_length(lookup.trackers["lookup", 2].rates(), 0.1, 10)[0] == 10
+    assert best_length(lookup.trackers["lookup", 1].rates(), 0.1, 10)[0] == 0
 
 
 def test_acceptance_tracker_conditions_on_earlier_positions():
@@ -101,11 +113,11 @@ def test_begin_leaves_the_template_untouched_and_each_request_starts_from_the_pr
     before = dict(vars(template))
     first = template.begin(None, [1, 2, 3, 1, 2], GenerationParams(), None, Stats())
     for _ in range(20):
-        first.trackers[2].update(10, 0)
+        first.trackers["lookup", 2].update(10, 0)
     second = template.begin(None, [1, 2, 3, 1, 2], GenerationParams(), None, Stats())
     assert vars(template) == before and first is not template and second is not first
-    assert second.trackers[2].rates() == AcceptanceTracker(10).rates()
-    assert second.trackers[2].rates() != first.trackers[2].rates()
+    assert second.trackers["lookup", 2].rates() == AcceptanceTracker(10).rates()
+    assert second.trackers["lookup", 2].rates() != first.trackers["lookup", 2].rates()
 
 
 def test_exit_layer_controller_fresh_forgets_what_it_saw():

@@ -2,6 +2,7 @@
 bfloat16 for `lookup`) on real prompts, speculative sampling keeps the sampling distribution, the
 cache ends as plain decoding leaves it, and no layer runs twice for an accepted token."""
 
+import dataclasses
 import sysconfig
 from pathlib import Path
 
@@ -231,3 +232,16 @@ def test_method_names(smollm):
     for bad in ("self-spec:31", f"self-spec:{layer}@0.5", "lookup:x", "lookup:4/2", "draft-model:"):
         with pytest.raises(ValueError):
             methods.make_method(bad, smollm)
+
+
+def test_drafts_from_an_earlier_completion_keep_the_baseline_output(smollm):
+    """The cross-request n-gram cache: with the first completion as history, a second request of
+    another prompt drafts from it and still gives the baseline's tokens."""
+    params = GenerationParams(max_new_tokens=24)
+    first = smollm.tokenizer("def area(width, height):\n    return", add_special_tokens=False).input_ids
+    earlier = Baseline().generate(smollm, first, params).token_ids
+    again = smollm.tokenizer("def size(width, height):\n    return", add_special_tokens=False).input_ids
+    with_history = dataclasses.replace(params, history=tuple(earlier))
+    out = SpeculativeDecoding(LookupProposer()).generate(smollm, again, with_history)
+    assert out.token_ids == Baseline().generate(smollm, again, params).token_ids
+    assert out.stats.by_source.get("history", [0, 0, 0])[2] > 0  # tokens accepted from the history

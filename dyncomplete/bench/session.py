@@ -12,6 +12,8 @@ With repository context (`context_files`), the replay first sends, per typed fil
 cache-warming `/infill` request whose `input_extra` holds the other files of its folder, as
 llama.vscode does when files are opened; the completions then ask for the server's memory of
 sent files (`"client_memory": true`), and a third row asks without it, prefix cache on.
+With `ngram_row`, a row without the server's cross-request n-gram cache (`"ngram_cache": false`,
+prefix cache on) shows what drafting from the client's earlier completions is worth.
 """
 
 from __future__ import annotations
@@ -71,10 +73,10 @@ def send_files(http: httpx.Client, url: str, path: Path, count: int) -> None:
 
 
 def request_once(http: httpx.Client, url: str, model: str, method: str, pause: Pause, max_tokens: int,
-                 cache: bool, healing: bool = True, memory: bool = False) -> dict:
+                 cache: bool, healing: bool = True, memory: bool = False, ngram: bool = True) -> dict:
     body = {"model": model, "prompt": pause.prefix, "max_tokens": max_tokens, "temperature": 0, "stop": ["\n"],
             "stream": True, "method": method, "prefix_cache": cache, "token_healing": healing,
-            "client_memory": memory}
+            "client_memory": memory, "ngram_cache": ngram}
     started = time.perf_counter()
     first, text, stats = None, "", None
     with http.stream("POST", f"{url}/v1/completions", json=body,
@@ -96,34 +98,46 @@ def request_once(http: httpx.Client, url: str, model: str, method: str, pause: P
     return {"latency_s": latency, "ttft_s": first if first is not None else latency, "text": text,
             "accepted": text.rstrip() == pause.target, "es": edit_similarity(text.rstrip(), pause.target),
             "prompt_tokens": stats["prompt_tokens"], "cached_prompt_tokens": stats["cached_prompt_tokens"],
-            "prefill_s": stats["prefill_s"], "context_chunks": stats["context_chunks"]}
+            "prefill_s": stats["prefill_s"], "context_chunks": stats["context_chunks"],
+            "drafted": stats["drafted"], "accepted_drafts": stats["accepted"], "new_tokens": stats["new_tokens"],
+            "decode_s": stats["decode_s"]}
 
 
 def summarise(results: list[dict]) -> dict:
     lat = np.array([r["latency_s"] for r in results]) * 1000
     ttft = np.array([r["ttft_s"] for r in results]) * 1000
-    prompt = sum(r["prompt_tokens"] for r in results)
+
+    def total(key: str) -> float:
+        return sum(r[key] for r in results)
+
+    prompt = total("prompt_tokens")
     return {
         "requests": len(results),
         "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
         "ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p95_ms": float(np.percentile(ttft, 95)),
-        "cached_prompt_share": sum(r["cached_prompt_tokens"] for r in results) / prompt if prompt else 0.0,
+        "cached_prompt_share": total("cached_prompt_tokens") / prompt if prompt else 0.0,
         "mean_prompt_tokens": prompt / len(results),
         "mean_prefill_ms": 1000 * float(np.mean([r["prefill_s"] for r in results])),
         "accepted": sum(r["accepted"] for r in results),
         "accepted_share": float(np.mean([r["accepted"] for r in results])),
         "es": float(np.mean([r["es"] for r in results])),
         "mean_context_chunks": float(np.mean([r["context_chunks"] for r in results])),
+        "decode_ms_per_token": 1000 * total("decode_s") / max(total("new_tokens"), 1),
+        "accepted_per_drafted": total("accepted_drafts") / max(total("drafted"), 1),
     }
 
 
 def replay(url: str, model: str, method: str, pauses: list[Pause], max_tokens: int, api_key: str | None = None,
-           progress=None, healing: bool = True, context_files: int = 0) -> dict:
-    """`context_files` > 0: send each typed file's siblings first and add the no-context row."""
+           progress=None, healing: bool = True, context_files: int = 0, ngram_row: bool = False) -> dict:
+    """`context_files` > 0: send each typed file's siblings first and add the no-context row;
+    `ngram_row`: add the row without the cross-request n-gram cache."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    rows = {"cache on": (True, bool(context_files)), "cache off": (False, bool(context_files))}
+    memory = bool(context_files)
+    rows = {"cache on": (True, memory, True), "cache off": (False, memory, True)}  # prefix cache, memory, n-grams
     if context_files:
-        rows["no context"] = (True, False)
+        rows["no context"] = (True, False, True)
+    if ngram_row:
+        rows["no n-gram cache"] = (True, memory, False)
     runs = {row: [] for row in rows}
     names = list(rows)
     with httpx.Client(headers=headers, timeout=600) as http:
@@ -133,10 +147,11 @@ def replay(url: str, model: str, method: str, pauses: list[Pause], max_tokens: i
                 send_files(http, url, Path(pause.file), context_files)
                 sent.add(pause.file)
             if i == 0:  # warm-up, not counted
-                request_once(http, url, model, method, pause, max_tokens, False, healing, bool(context_files))
+                request_once(http, url, model, method, pause, max_tokens, False, healing, memory)
             for row in names[i % len(names):] + names[: i % len(names)]:  # each row goes first in turn
-                cache, memory = rows[row]
-                runs[row].append(request_once(http, url, model, method, pause, max_tokens, cache, healing, memory))
+                cache, with_memory, ngram = rows[row]
+                runs[row].append(request_once(http, url, model, method, pause, max_tokens, cache, healing,
+                                              with_memory, ngram))
             if progress:
                 progress(i + 1, len(pauses))
     summaries = {row: summarise(results) for row, results in runs.items()}

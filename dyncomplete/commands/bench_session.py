@@ -27,7 +27,8 @@ def print_table(report: dict) -> None:
     cols = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
             ("TTFT p95", "ttft_p95_ms", "{:.0f}"), ("prompt tok", "mean_prompt_tokens", "{:.0f}"),
             ("cached", "cached_prompt_share", "{:.1%}"), ("prefill ms", "mean_prefill_ms", "{:.0f}"),
-            ("context", "mean_context_chunks", "{:.1f}"), ("accepted", "accepted_share", "{:.1%}"),
+            ("context", "mean_context_chunks", "{:.1f}"), ("decode ms/tok", "decode_ms_per_token", "{:.1f}"),
+            ("drafts taken", "accepted_per_drafted", "{:.0%}"), ("accepted", "accepted_share", "{:.1%}"),
             ("ES", "es", "{:.1f}")]
     table.add_column("row", no_wrap=True)
     for name, _, _ in cols:
@@ -59,7 +60,7 @@ def run(args) -> int:
 
     def go(url, key):
         return replay(url, args.model, args.method, pauses, args.max_tokens, key, progress, args.token_healing == "on",
-                      args.context_files)
+                      args.context_files, args.ngram_cache_row)
 
     if args.url:
         report = go(args.url.rstrip("/"), args.api_key)
@@ -92,6 +93,8 @@ def register(sub) -> None:
     p.add_argument("--context-files", type=int, default=0,
                    help="send each typed file's folder (up to this many other .py files) to the server first, "
                         "as an editor does, and use its memory of them; adds a no-context row")
+    p.add_argument("--ngram-cache-row", action="store_true",
+                   help="add a row without the server's cross-request n-gram cache (for n-gram drafting methods)")
     p.add_argument("--url", help="use this running server instead of starting one")
     p.add_argument("--api-key", help="with --url: the server's API key")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -55,7 +55,8 @@ def run(args) -> int:
                         limits=Limits(max_connections=args.max_connections), api_key=api_key,
                         queue_size=args.queue_size, request_timeout_s=args.timeout,
                         max_tokens_limit=args.max_tokens_limit, context_budget=args.context_budget,
-                        cache_bytes=int(args.cache_mb * 2**20), client_memory=args.client_memory == "on")
+                        cache_bytes=int(args.cache_mb * 2**20), client_memory=args.client_memory == "on",
+                        ngram_cache=args.ngram_cache == "on")
     model = load_from_args(args)
     app = create_app(model, settings)  # builds every allowed method: a bad one fails here, not at a request
     run_server(app, args.host, args.port, args.log_level, settings.limits)
@@ -97,6 +98,9 @@ def register(sub) -> None:
                    help="remember the files each editor sends (input_extra, the documents it edits) and add "
                         "the best-matching windows of them to its prompts (a request opts out with "
                         '"client_memory": false)')
+    p.add_argument("--ngram-cache", default="on", choices=["on", "off"],
+                   help="n-gram drafting (lookup) may copy each client's earlier completions (a request opts out "
+                        'with "ngram_cache": false); outputs are the same either way')
     p.add_argument("--max-connections", type=positive(int), default=256,
                    help="open connections; more are answered 503 at once")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])

@@ -19,6 +19,7 @@ class GenerationParams:
     line_mode: bool = False  # stop at the first newline (line completion)
     token_healing: bool = False  # back up the prompt's last token (see healing.py)
     editor: EditorGuards | None = None  # where an editor's completion ends (see guards.py)
+    history: tuple[int, ...] = ()  # earlier requests' tokens n-gram drafting may copy (serve/worker.py)
 
     def __post_init__(self):
         if not (1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT):

@@ -1,7 +1,8 @@
 """Proposers: cheap ways of drafting the next tokens, one class each, behind one interface.
 
-- `LookupProposer`: n-gram (prompt) lookup in the prompt and the text generated so far; costs
-  nothing to propose, its length follows the evidence (match length, acceptance so far).
+- `LookupProposer`: n-gram (prompt) lookup in the prompt and the text generated so far, then in
+  the client's earlier requests (`params.history`); costs nothing to propose, its length follows
+  the evidence (match length, acceptance so far).
 - `SelfDraftProposer`: the model's own first E layers + an exit head over a reduced vocabulary;
   the drafted positions' keys/values for layers 0..E-1 stay in the cache and their layer-E hidden
   states go to verification, which runs only layers E..L-1 (LayerSkip's KV sharing).
@@ -56,8 +57,11 @@ class Proposer:
 
 class LookupProposer(Proposer):
     """Prompt lookup decoding: find the latest earlier occurrence of the context's last n tokens
-    (longest n first) and draft what followed it. One acceptance tracker per match length sets
-    the draft length by expected tokens per unit of verification work."""
+    (longest n first) and draft what followed it; where the context has none, the same in
+    `params.history` (earlier requests' text: the server's cross-request n-gram cache, as
+    llama.cpp's ngram-cache and vLLM's suffix decoding keep one). One acceptance tracker per
+    source and match length sets the draft length by expected tokens per unit of verification
+    work."""
 
     name = "lookup"
 
@@ -68,26 +72,33 @@ class LookupProposer(Proposer):
 
     def start(self, model, prompt_ids, params, generator, stats):
         super().start(model, prompt_ids, params, generator, stats)
-        self.trackers = {n: AcceptanceTracker(self.max_draft) for n in self.sizes}  # this request's evidence
-        self.unprofitable = {n: 0 for n in self.sizes}
+        keys = [(source, n) for source in (self.name, "history") for n in self.sizes]
+        self.trackers = {key: AcceptanceTracker(self.max_draft) for key in keys}  # this request's evidence
+        self.unprofitable = dict.fromkeys(keys, 0)
         self.index: dict[tuple, int] = {}  # n-gram -> index of the token that followed it (latest)
         self.indexed = 1
-        self.matched = 0
+        self.history = list(params.history)
+        self.history_index: dict[tuple, int] = {}
+        self._extend(self.history_index, self.history, 1)
+        self.matched = None  # (source, n) of the last draft
 
-    def _extend_index(self, context: list[int]) -> None:
-        for i in range(self.indexed, len(context)):
+    def _extend(self, index: dict, tokens: list[int], first: int) -> None:
+        for i in range(first, len(tokens)):
             for n in self.sizes:
                 if i >= n:
-                    self.index[tuple(context[i - n : i])] = i
-        self.indexed = len(context)
+                    index[tuple(tokens[i - n : i])] = i
 
     def propose(self, model, cache, context, position):
-        self._extend_index(context)  # continuations before the last token: never the suffix itself
-        self.matched = 0
-        for n in self.sizes:
-            start = self.index.get(tuple(context[-n:])) if len(context) >= n else None
-            if start is not None:
-                self.matched = n
+        self._extend(self.index, context, self.indexed)  # continuations before the last token: never the suffix
+        self.indexed = len(context)
+        self.matched = None
+        for source, index, tokens in ((self.name, self.index, context), ("history", self.history_index, self.history)):
+            for n in self.sizes:
+                start = index.get(tuple(context[-n:])) if len(context) >= n else None
+                if start is not None:
+                    self.matched = (source, n)
+                    break
+            if self.matched:
                 break
         if not self.matched:
             return Draft([], source=self.name)
@@ -95,7 +106,7 @@ class LookupProposer(Proposer):
         if k == 0:  # not worth it by the evidence so far; probe one token now and then to update it
             self.unprofitable[self.matched] += 1
             k = int(self.unprofitable[self.matched] % PROBE_EVERY == 0)
-        return Draft(context[start : start + k], source=self.name)
+        return Draft(tokens[start : start + k], source=self.matched[0])
 
     def feedback(self, draft, accepted):
         if draft.tokens:

@@ -31,6 +31,7 @@ from ..engine.prompts import fim_tokens
 from ..methods import families
 from .http import Guard, Limits
 from .client_files import ClientFiles
+from .client_history import ClientHistory
 from .prefix_cache import PrefixCache
 from .report import finish_reason
 from .editors import (OLLAMA_VERSION, infill_chunk, infill_final, ollama_chunk, ollama_final, ollama_show,
@@ -58,6 +59,7 @@ class Settings:
     context_budget: int = DEFAULT_CONTEXT_BUDGET
     cache_bytes: int = 512 * 2**20
     client_memory: bool = True  # remember the files each editor sent and retrieve from them
+    ngram_cache: bool = True  # n-gram drafting may copy a client's earlier completions
     max_body_bytes: int = 2 * 2**20
 
 
@@ -124,8 +126,10 @@ def create_app(model, settings: Settings) -> FastAPI:
     """Build every allowed method now (ValueError on a bad one) and the app around them."""
     prefix_cache = PrefixCache(settings.cache_bytes)
     client_files = ClientFiles() if settings.client_memory else None
+    client_history = ClientHistory() if settings.ngram_cache else None
     methods = list(dict.fromkeys((settings.default_method, *settings.methods)))
-    worker = Worker(model, methods, settings.queue_size, settings.context_budget, prefix_cache, client_files)
+    worker = Worker(model, methods, settings.queue_size, settings.context_budget, prefix_cache, client_files,
+                    client_history)
     known_families = families()
 
     def check_key(request: Request):
@@ -172,7 +176,9 @@ def create_app(model, settings: Settings) -> FastAPI:
                 "worker": worker.status(),
                 "prefix_cache": {"entries": len(prefix_cache), "bytes": prefix_cache.nbytes,
                                  "max_bytes": prefix_cache.max_bytes, **vars(prefix_cache.counters)},
-                "client_files": {"clients": len(client_files), "bytes": client_files.nbytes} if client_files else None}
+                "client_files": {"clients": len(client_files), "bytes": client_files.nbytes} if client_files else None,
+                "ngram_cache": {"clients": len(client_history), "tokens": client_history.total_tokens}
+                if client_history else None}
 
     @app.get("/v1/models")
     async def models():
@@ -206,7 +212,8 @@ def create_app(model, settings: Settings) -> FastAPI:
 
         job = Job(prefix, suffix, req.params, req.method, req.prefix_cache, client_scope(request, req.client_id),
                   time.perf_counter() + settings.request_timeout_s, emit, clipped,
-                  clip_context(req.context, settings.context_budget), req.budget, memory_of(request, req))
+                  clip_context(req.context, settings.context_budget), req.budget, memory_of(request, req),
+                  sender(request) if client_history is not None and req.ngram_cache else None)
         req.prefix = req.suffix = req.context = None  # the clipped text is all that is kept
         try:
             worker.submit(job)

@@ -19,18 +19,19 @@ from collections.abc import Sequence
 from ..engine import EditorGuards
 from ..engine.repo_context import RepoContext
 from ..engine.stats import Stats
-from .request import (ApiError, CompletionRequest, allowed_method, check_text, client_memory, sampling_params,
-                      shown, typed)
+from .request import (ApiError, CompletionRequest, allowed_method, check_text, client_memory, ngram_cache,
+                      sampling_params, shown, typed)
 
 # llama.cpp fields we accept and do not use (its own sampler chain, LoRA, prompt-time cap, slots).
 INFILL_IGNORED = {"samplers", "t_max_prompt_ms", "lora", "id_slot", "response_fields", "model", "n_probs",
                   "min_p", "top_k", "typical_p", "repeat_penalty", "repeat_last_n", "timings_per_token"}
 INFILL_KNOWN = {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "t_max_predict_ms", "n_indent",
                 "stream", "cache_prompt", "stop", "temperature", "top_p", "seed", "method", "token_healing",
-                "editor_guards", "client_memory", *INFILL_IGNORED}
+                "editor_guards", "client_memory", "ngram_cache", *INFILL_IGNORED}
 OLLAMA_IGNORED = {"keep_alive", "context"}  # the model stays loaded; no conversation memory
 OLLAMA_KNOWN = {"model", "prompt", "suffix", "raw", "stream", "options", "method", "prefix_cache", "token_healing",
-                "editor_guards", "client_memory", "system", "template", "images", "format", *OLLAMA_IGNORED}
+                "editor_guards", "client_memory", "ngram_cache", "system", "template", "images", "format",
+                *OLLAMA_IGNORED}
 OLLAMA_OPTIONS = {"num_predict", "temperature", "top_p", "stop", "num_ctx", "seed", "top_k", "min_p",
                   "repeat_penalty", "repeat_last_n", "num_thread", "num_gpu", "use_mmap", "mirostat", "num_keep"}
 # What Ollama's /api/show gives as a FIM model's template: Continue sends a suffix when it holds `.Suffix`.
@@ -97,7 +98,7 @@ def parse_infill(obj: dict, model_name: str, methods: Sequence[str], max_tokens_
         prefix_cache=typed(obj, "cache_prompt", (bool,), "a boolean", True),
         ignored_fields=sorted(set(obj) - INFILL_KNOWN | set(obj) & INFILL_IGNORED),
         context=_extra(obj), warm_only=max_tokens == 0 or not (prefix or suffix),
-        client_memory=client_memory(obj, True))
+        client_memory=client_memory(obj, True), ngram_cache=ngram_cache(obj))
 
 
 def ollama_model_matches(name: str, model_name: str) -> bool:
@@ -136,7 +137,8 @@ def parse_generate(obj: dict, model_name: str, methods: Sequence[str], max_token
         stream=typed(obj, "stream", (bool,), "a boolean", True), client_id=None,
         prefix_cache=typed(obj, "prefix_cache", (bool,), "a boolean", True), ignored_fields=ignored,
         budget=min(num_ctx, context_budget) if num_ctx else None,
-        warm_only=max_tokens == 0 or not (prefix or suffix), client_memory=client_memory(obj, True))
+        warm_only=max_tokens == 0 or not (prefix or suffix), client_memory=client_memory(obj, True),
+        ngram_cache=ngram_cache(obj))
 
 
 # -- responses ------------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ def stats_object(model, completion: Completion, energy, extra: dict) -> dict:
         "energy_formula": energy.formula,
         "token_layers": s.token_layers,
         "token_sources": s.token_sources,
+        "draft_sources": {source: dict(zip(("steps", "drafted", "accepted"), counts))
+                          for source, counts in s.by_source.items()},
         "tokens": [{"text": t, "layers": n, "source": src}
                    for t, n, src in zip(pieces, s.token_layers, s.token_sources)],
         **extra,

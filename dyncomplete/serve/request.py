@@ -28,7 +28,7 @@ NEUTRAL = {"n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprob
            "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {})}
 KNOWN = {"model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "stop", "stream", "seed",
          "user", "method", "prefix_cache", "token_healing", "stream_options", "editor_guards", "client_memory",
-         *NEUTRAL}
+         "ngram_cache", *NEUTRAL}
 
 
 class ApiError(Exception):
@@ -57,6 +57,7 @@ class CompletionRequest:
     budget: int | None = None  # a smaller context budget than the server's (Ollama's num_ctx)
     warm_only: bool = False  # an editor's cache-warming request: answered without the model
     client_memory: bool = False  # add context retrieved from the files this sender sent before
+    ngram_cache: bool = True  # n-gram drafting may copy this sender's earlier completions
 
 
 def decode_body(raw: bytes) -> dict:
@@ -224,6 +225,7 @@ def parse_completion(obj: dict, model_name: str, methods: Sequence[str], max_tok
         client_id=client_header or user,
         prefix_cache=typed(obj, "prefix_cache", (bool,), "a boolean", True),
         ignored_fields=sorted(set(obj) - KNOWN), client_memory=client_memory(obj, False),
+        ngram_cache=ngram_cache(obj),
     )
 
 
@@ -232,3 +234,9 @@ def client_memory(obj: dict, default: bool) -> bool:
     off on `/v1/completions`, where unrelated prompts (scripts, benchmarks) would otherwise get
     context from one another and answers would depend on what was sent before."""
     return typed(obj, "client_memory", (bool,), "a boolean", default)
+
+
+def ngram_cache(obj: dict) -> bool:
+    """Whether n-gram drafting may copy the sender's earlier completions (on by default: drafts are
+    verified, so only speed depends on it)."""
+    return typed(obj, "ngram_cache", (bool,), "a boolean", True)

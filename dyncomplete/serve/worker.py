@@ -11,6 +11,7 @@ once, at start: a request never builds one (some load exit heads or a draft mode
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -25,6 +26,7 @@ from ..engine import GenerationParams, build_prompt
 from ..engine.repo_context import RepoContext
 from ..methods import make_method
 from .client_files import ClientFiles
+from .client_history import ClientHistory
 from .prefix_cache import PrefixCache
 from .report import stats_object
 from .request import ApiError
@@ -46,6 +48,7 @@ class Job:
     context: RepoContext | None = None  # other files' code (/infill's input_extra)
     budget: int | None = None  # the request's own, smaller context budget
     memory: str | None = None  # the sender whose remembered files add context (None: none added)
+    history: str | None = None  # the sender whose earlier completions n-gram drafting may copy
     submitted: float = field(default_factory=time.perf_counter)
     reason: str = ""  # why it was cancelled: disconnected, superseded, timeout
     _flag: threading.Event = field(default_factory=threading.Event)
@@ -83,12 +86,14 @@ def build_methods(names: Sequence[str], model) -> dict[str, object]:
 
 class Worker:
     def __init__(self, model, methods: Sequence[str], queue_size: int, context_budget: int,
-                 prefix_cache: PrefixCache, client_files: ClientFiles | None = None):
+                 prefix_cache: PrefixCache, client_files: ClientFiles | None = None,
+                 client_history: ClientHistory | None = None):
         """`methods`: the names requests may pick, all built here."""
         self.model = model
         self.context_budget = context_budget
         self.prefix_cache = prefix_cache
         self.client_files = client_files
+        self.client_history = client_history
         self._methods = build_methods(methods, model)
         self.meter = open_meter(str(model.device))
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
@@ -190,9 +195,15 @@ class Worker:
         if job.use_cache:
             cache, _ = self.prefix_cache.lookup(prompt.ids)
         cache = cache if cache is not None else self.model.new_cache()
+        params, history = job.params, None
+        if job.history is not None and self.client_history is not None:
+            history = self.client_history
+            params = dataclasses.replace(params, history=history.tokens(job.history))
         with self.meter.measure() as energy:
-            result = method.generate(self.model, prompt.ids, job.params, cache=cache,
+            result = method.generate(self.model, prompt.ids, params, cache=cache,
                                      on_text=lambda t: job.emit(("text", t)), cancelled=job.cancelled)
+        if history is not None:
+            history.add(job.history, result.token_ids)
         if job.use_cache:  # what was prefilled: token healing may have dropped the last prompt token
             self.prefix_cache.store(prompt.ids[: result.stats.prompt_tokens], cache)
         stopped_by = job.reason if result.stats.stopped_by == "cancelled" else result.stats.stopped_by
