@@ -52,3 +52,12 @@ def test_memory_is_bounded_per_client_and_in_clients():
         files.remember(client, None, "y = 2\n")
     assert len(files) == 2
     assert document_key("same head" + "a" * 300) == document_key("same head" + "a" * 300 + "more typed")
+
+
+def test_only_the_clients_served_last_keep_their_windows_indexed():
+    files = ClientFiles()
+    for client in "abcdef":
+        files.remember(client, RepoContext([Chunk("m.py", MODELS)]))
+        files.context(client, TYPING, None, None)
+    assert [bool(state.windows) for state in files._clients.values()] == [False, False, True, True, True, True]
+    assert files.context("a", TYPING, None, None).chunks  # indexed again when it comes back

@@ -327,7 +327,11 @@ class RetrievalProposer(Proposer):
             self.used = tracker
             return Draft(tokens, source="datastore")
         self.used = None
-        return Draft(from_context.tokens, source="context")
+        return Draft(from_context.tokens, source=self._lookup_source(from_context))
+
+    def _lookup_source(self, draft: Draft) -> str:
+        """Where a lookup draft came from: the request's own text ("context") or "history"."""
+        return "context" if draft.source == self.lookup.name else draft.source
 
     # -- tree ---------------------------------------------------------------------------------
 
@@ -352,7 +356,7 @@ class RetrievalProposer(Proposer):
             run *= rate
             path = tuple(from_context.tokens[: d + 1])
             if run > found.get(path, (0.0,))[0]:
-                found[path] = (run, "context", found.get(path, (0.0, "", None))[2])
+                found[path] = (run, self._lookup_source(from_context), found.get(path, (0.0, "", None))[2])
         return found
 
     def _tree(self, from_context: Draft, context: list[int]) -> Draft:

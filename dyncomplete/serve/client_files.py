@@ -24,8 +24,12 @@ from dataclasses import dataclass, field
 
 from ..engine.repo_context import Chunk, RepoContext, identifiers, query_identifiers, rank, windows
 
-MAX_CLIENTS = 64
+MAX_CLIENTS = 32
 MAX_BYTES = 2 * 2**20  # remembered text per client
+# Windows and their identifier sets take about 20 times the text (40 MiB for a full memory), so
+# only the most recently served clients keep them; another client's are made again when it
+# returns (0.5 s for a full memory).
+INDEXED_CLIENTS = 4
 MAX_FILE_BYTES = 256 * 2**10  # a longer file keeps its start
 WINDOWS_CHOSEN = 8  # ranked windows offered to the prompt builder (it keeps what fits in the budget)
 DOCUMENT_HEAD = 256  # characters that name a document sent without a file name (see `document_key`)
@@ -113,6 +117,8 @@ class ClientFiles:
                 state.chosen = ranked[:WINDOWS_CHOSEN]
                 state.chosen_for = (state.version, current)
             chosen = list(state.chosen)
+            for other in list(self._clients.values())[:-INDEXED_CLIENTS]:
+                other.windows.clear()
         chunks = (list(extra.chunks) if extra else []) + chosen
         if not chunks:
             return None
