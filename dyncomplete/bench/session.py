@@ -118,7 +118,7 @@ def summarise(results: list[dict]) -> dict:
         "cached_prompt_share": total("cached_prompt_tokens") / prompt if prompt else 0.0,
         "mean_prompt_tokens": prompt / len(results),
         "mean_prefill_ms": 1000 * float(np.mean([r["prefill_s"] for r in results])),
-        "accepted": sum(r["accepted"] for r in results),
+        "accepted": total("accepted"),
         "accepted_share": float(np.mean([r["accepted"] for r in results])),
         "es": float(np.mean([r["es"] for r in results])),
         "mean_context_chunks": float(np.mean([r["context_chunks"] for r in results])),

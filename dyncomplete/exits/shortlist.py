@@ -61,17 +61,18 @@ class RequestShortlist:
     def __init__(self, base: Shortlist):
         self.base = base
         self.ids = list(range(base.size))
+        self.added: set[int] = set()  # ids[base.size:], for lookups
         self.rows = base.model.lm_head.weight[:0].float()  # float32: see `exits.heads.load_heads`
         self.seen = 0
 
     def grow(self, context: list[int]) -> None:
         """Add the tokens of `context` that arrived since the last call."""
-        known = set(self.ids[self.base.size :])
         vocab = self.base.model.vocab_size
-        new = [t for t in dict.fromkeys(context[self.seen :]) if self.base.size <= t < vocab and t not in known]
+        new = [t for t in dict.fromkeys(context[self.seen :]) if self.base.size <= t < vocab and t not in self.added]
         self.seen = len(context)
         if new:
             self.ids.extend(new)
+            self.added.update(new)
             self.rows = torch.cat([self.rows, self.base.model.lm_head.weight[new].float()])
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:

@@ -356,31 +356,18 @@ class FastEngine:
 
     def run_layer(self, i: int, hidden: torch.Tensor, ctx, cache, mask) -> torch.Tensor:
         layer = self.layers[i]
-        H, KV, d = self.heads, self.kv_heads, self.head_dim
         q_len = hidden.shape[1]
         done = self.run_native(range(i, i + 1), hidden, ctx, cache)
         if done is not None:
             return done
-        x = self.rms_norm(hidden, layer.in_norm)
-        qkv = layer.qkv(x).view(1, q_len, H + 2 * KV, d)
-        qk = qkv[:, :, : H + KV]
-        qk = qk * ctx.fast_cos + qk.roll(d // 2, -1) * ctx.fast_sin_signed
-        new_k = qk[0, :, H:].transpose(0, 1)  # (KV, q, d)
-        new_v = qkv[0, :, H + KV :].transpose(0, 1)
+        q, new_k, new_v = self._project(layer, hidden, ctx)
         short = self.short_path and q_len <= SHORT_QUERY
         if cache is not None:
-            start = cache.lengths[i]
-            end = start + q_len
-            span = self.attended_length(end, q_len)
-            keys = self._cache_room(i, cache, end, hidden)
-            values = cache.values[i]
-            keys[0, :, :, start:end] = new_k.transpose(1, 2)
-            values[0, :, start:end] = new_v
-            cache.lengths[i] = end
+            span = self.attended_length(cache.lengths[i] + q_len, q_len)
+            keys, values = self._store_kv(i, cache, new_k, new_v, hidden)
             keys_t, values = keys[0, :, :, :span], values[0, :, :span]
         else:
             keys_t, values = new_k.transpose(1, 2), new_v
-        q = qk[:, :, :H]  # (1, q, H, d)
         if short and ctx.tree_parents is not None and cache is not None:
             out = self._tree_attention(q, keys_t, values, ctx)
         elif short:
@@ -393,68 +380,85 @@ class FastEngine:
         act = F.silu(gu[..., : self.intermediate]) * gu[..., self.intermediate :]
         return h + layer.down(act)
 
-    def project_kv(self, layers: range, hidden: torch.Tensor, ctx, cache) -> None:
-        """Keys and values of `layers` for the step's positions, all from `hidden` (input norm, the
-        fused projection, rotary embedding), appended to the cache as `run_layer` stores them: in
-        one call of decode.c where `run_native` could run these layers, else in PyTorch."""
-        q_len = hidden.shape[1]
-        start = cache.lengths[layers[0]]
-        if (self.native_layers is not None and q_len <= SHORT_QUERY and ctx.tree_parents is None
-                and ctx.position_list == list(range(start, start + q_len))
-                and all(cache.lengths[i] == start and self.native_layers[i] is not None for i in layers)):
-            hidden = hidden.contiguous()  # kept alive through the call
-            keys = [self._cache_room(i, cache, start + q_len, hidden) for i in layers]
-            n = len(keys)
-            native.library().layers_project_kv(
-                ctypes.byref(self.dims), ctypes.addressof(self.native_array) + layers[0] * ctypes.sizeof(ctypes.c_void_p),
-                n, hidden.data_ptr(), q_len, start, (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys]),
-                (ctypes.c_void_p * n)(*[cache.values[i].data_ptr() for i in layers]),
-                (ctypes.c_int * n)(*[k.shape[-1] for k in keys]),
-                ctx.fast_cos.data_ptr(), ctx.fast_sin.data_ptr(), self.workspace.data_ptr())
-            for i in layers:
-                cache.lengths[i] += q_len
-            return
+    def _project(self, layer: FastLayer, hidden: torch.Tensor, ctx):
+        """The first half of a layer in PyTorch: input norm, the fused product, rotary embedding.
+        Returns the queries (1, q, H, d), keys and values (KV, q, d)."""
         H, KV, d = self.heads, self.kv_heads, self.head_dim
+        qkv = layer.qkv(self.rms_norm(hidden, layer.in_norm)).view(1, hidden.shape[1], H + 2 * KV, d)
+        qk = qkv[:, :, : H + KV]
+        qk = qk * ctx.fast_cos + qk.roll(d // 2, -1) * ctx.fast_sin_signed
+        return qk[:, :, :H], qk[0, :, H:].transpose(0, 1), qkv[0, :, H + KV :].transpose(0, 1)
+
+    def _store_kv(self, i: int, cache, new_k: torch.Tensor, new_v: torch.Tensor, hidden: torch.Tensor):
+        """Append a step's keys and values (KV, q, d) to layer i; its key and value buffers."""
+        start = cache.lengths[i]
+        end = start + new_k.shape[1]
+        keys = self._cache_room(i, cache, end, hidden)
+        keys[0, :, :, start:end] = new_k.transpose(1, 2)
+        cache.values[i][0, :, start:end] = new_v
+        cache.lengths[i] = end
+        return keys, cache.values[i]
+
+    def project_kv(self, layers: range, hidden: torch.Tensor, ctx, cache) -> None:
+        """Keys and values of `layers` for the step's positions, all from `hidden` (the first half
+        of each layer), appended to the cache as `run_layer` stores them: in one call of decode.c
+        where `run_native` could run these layers, else in PyTorch."""
+        native_args = self._native_args(layers, hidden, ctx, cache)
+        if native_args is None:
+            for i in layers:
+                _, new_k, new_v = self._project(self.layers[i], hidden, ctx)
+                self._store_kv(i, cache, new_k, new_v, hidden)
+            return
+        start, first, n, keys, values, capacities = native_args
+        q_len = hidden.shape[1]
+        hidden = hidden.contiguous()  # kept alive through the call
+        native.library().layers_project_kv(
+            ctypes.byref(self.dims), first, n, hidden.data_ptr(), q_len, start, keys, values, capacities,
+            ctx.fast_cos.data_ptr(), ctx.fast_sin.data_ptr(), self.workspace.data_ptr())
         for i in layers:
-            layer = self.layers[i]
-            kv = layer.qkv(self.rms_norm(hidden, layer.in_norm)).view(1, q_len, H + 2 * KV, d)[:, :, H:]
-            k = kv[:, :, :KV]
-            k = k * ctx.fast_cos + k.roll(d // 2, -1) * ctx.fast_sin_signed
-            start = cache.lengths[i]
-            keys = self._cache_room(i, cache, start + q_len, hidden)
-            keys[0, :, :, start : start + q_len] = k[0].permute(1, 2, 0)  # (KV, d, q)
-            cache.values[i][0, :, start : start + q_len] = kv[0, :, KV:].transpose(0, 1)
-            cache.lengths[i] = start + q_len
+            cache.lengths[i] += q_len
 
     def run_native(self, layers: range, hidden: torch.Tensor, ctx, cache) -> torch.Tensor | None:
-        """`layers` (consecutive, to the last at most) in one call of decode.c, where each is native
-        and holds the cache up to the step's first position, which the step's positions follow
-        (or, for a token tree, the slot its first row takes); None otherwise (the caller takes the
-        PyTorch path). Causal (or tree) attention over the cache, no mask tensor needed; the same
-        bits whether the layers run in one call or one call each."""
+        """`layers` in one call of decode.c where `_native_args` allows it; None otherwise (the
+        caller takes the PyTorch path). Causal (or tree) attention over the cache, no mask tensor
+        needed; the same bits whether the layers run in one call or one call each."""
+        native_args = self._native_args(layers, hidden, ctx, cache)
+        if native_args is None:
+            return None
+        start, first, n, keys, values, capacities = native_args
+        q_len, tree = hidden.shape[1], ctx.tree_parents
+        parents = (ctypes.c_int * q_len)(*tree) if tree is not None else None
+        hidden = hidden.contiguous()  # kept alive through the call
+        out = torch.empty_like(hidden)
+        native.library().layers_forward(
+            ctypes.byref(self.dims), first, n, hidden.data_ptr(), out.data_ptr(), q_len, start, parents, keys, values,
+            capacities, ctx.fast_cos.data_ptr(), ctx.fast_sin.data_ptr(), self.workspace.data_ptr())
+        for i in layers:
+            cache.lengths[i] += q_len
+        return out
+
+    def _native_args(self, layers: range, hidden: torch.Tensor, ctx, cache) -> tuple | None:
+        """Where decode.c can take `layers` (consecutive, to the last at most) for this step in
+        one call: each native and holding the cache up to the step's first position, which the
+        step's positions follow (for a token tree, the slot its first row takes). Then (start,
+        the first layer's entry, n, and per layer the key buffers, grown to hold the step, the
+        value buffers and their capacities) as decode.c takes them; else None."""
         q_len = hidden.shape[1]
         if self.native_layers is None or cache is None or q_len > SHORT_QUERY:
             return None
         start = cache.lengths[layers[0]]
-        tree = ctx.tree_parents
-        in_order = ctx.tree_start == start if tree is not None else ctx.position_list == list(range(start, start + q_len))
+        if ctx.tree_parents is not None:
+            in_order = ctx.tree_start == start
+        else:
+            in_order = ctx.position_list == list(range(start, start + q_len))
         if not in_order or any(cache.lengths[i] != start or self.native_layers[i] is None for i in layers):
             return None
-        parents = (ctypes.c_int * q_len)(*tree) if tree is not None else None
-        hidden = hidden.contiguous()  # kept alive through the call
         keys = [self._cache_room(i, cache, start + q_len, hidden) for i in layers]
         n = len(keys)
-        out = torch.empty_like(hidden)
-        native.library().layers_forward(
-            ctypes.byref(self.dims), ctypes.addressof(self.native_array) + layers[0] * ctypes.sizeof(ctypes.c_void_p),
-            n, hidden.data_ptr(), out.data_ptr(), q_len, start, parents,
-            (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys]),
-            (ctypes.c_void_p * n)(*[cache.values[i].data_ptr() for i in layers]),
-            (ctypes.c_int * n)(*[k.shape[-1] for k in keys]),
-            ctx.fast_cos.data_ptr(), ctx.fast_sin.data_ptr(), self.workspace.data_ptr())
-        for i in layers:
-            cache.lengths[i] += q_len
-        return out
+        return (start, ctypes.addressof(self.native_array) + layers[0] * ctypes.sizeof(ctypes.c_void_p), n,
+                (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys]),
+                (ctypes.c_void_p * n)(*[cache.values[i].data_ptr() for i in layers]),
+                (ctypes.c_int * n)(*[k.shape[-1] for k in keys]))
 
     def _cache_room(self, i: int, cache, end: int, hidden: torch.Tensor) -> torch.Tensor:
         """Layer i's key buffer, grown (in whole SPANs) to hold `end` positions."""
