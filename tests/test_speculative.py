@@ -54,6 +54,14 @@ def test_greedy_identical_to_baseline_on_50_prompts(name, smollm, prompts, refer
     assert drafted > 0 and 0 < accepted <= drafted  # the proposer really drafted, and some landed
 
 
+@pytest.mark.parametrize("name", ["stand", "stand:10/tree"])
+def test_stand_greedy_identical_to_baseline(name, smollm, prompts, reference):
+    """STAND's chains and trees on the first 20 prompts (trees as retrieval's are verified on 50)."""
+    stats = identical(methods.make_method(name, smollm), smollm, prompts[:20], reference[:20])
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    assert drafted > 0 and 0 < accepted <= drafted
+
+
 @pytest.fixture(scope="module")
 def stdlib_store(smollm):
     """A datastore of the standard library's top-level modules, the prompts' files among them: many

@@ -39,6 +39,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("lookup+self", "dyncomplete.methods.speculative", ("EXIT_LAYER", "DRAFT_LENGTH")),
     Family("draft-model", "dyncomplete.methods.speculative", ("ALIAS", "DRAFT_LENGTH")),
     Family("retrieval", "dyncomplete.methods.speculative", ("STORE", "MAX_DRAFT"), {"tree": "flag"}),
+    Family("stand", "dyncomplete.methods.speculative", ("MAX_DRAFT",), {"tree": "flag"}),
     Family("hf-generate", "dyncomplete.methods.hf_generate", ("prompt-lookup|assisted:ALIAS",), wrappable=False),
     Family("llama-cpp", "dyncomplete.methods.llama_cpp", ("prompt-lookup",), wrappable=False),
     Family("stop", "dyncomplete.methods.stop_rule", ("T",), wrapper=True, wrappable=False),

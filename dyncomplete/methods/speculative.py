@@ -15,6 +15,8 @@ Method names (parsed by `registry.parse_method`):
   draft-model:ALIAS[/K]         a smaller model of the same tokenizer drafts K tokens
   retrieval:STORE[/K][/tree]    the datastore STORE (`dyncomplete index`) or the context's lookup,
                                 one chain of at most K tokens (/tree: both as one token tree)
+  stand[:K][/tree]              the likeliest continuations by n-gram counts (STAND), a chain of
+                                at most K tokens (/tree: a token tree of at most K)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .draft_control import ConfidenceStop, EntropyStop, ExitLayerController, exp
 from .datastore import Datastore
 from .proposers import (DraftModelProposer, LookupProposer, LookupThenSelf, Proposer, RetrievalProposer,
                         SelfDraftProposer, self_draft_costs)
+from .stand import StandProposer
 from .verify import accept, accept_tree, commit_path, score
 
 DEFAULT_SELF_DRAFT = 3
@@ -142,6 +145,9 @@ def default_exit_layer(model, heads) -> int:
 def build(name, model) -> SpeculativeDecoding:
     if name.family == "lookup":
         return SpeculativeDecoding(LookupProposer(*_ints(name.args, "MAX_DRAFT"), verify_cost=verify_cost(model)))
+    if name.family == "stand":
+        return SpeculativeDecoding(StandProposer(*_ints(name.args, "MAX_DRAFT"), verify_cost=verify_cost(model),
+                                                 tree="tree" in name.options))
     if name.family == "self-spec":
         return SpeculativeDecoding(_self_draft(model, name.args, name.threshold))
     if name.family == "lookup+self":
