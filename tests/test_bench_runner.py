@@ -180,6 +180,8 @@ def test_the_early_exit_plot_is_drawn_only_beside_a_baseline(tmp_path):
     row = {"n": 2, "energy_j": 5.0, "rouge_l": 0.57}
     summary = {"model": "m", "dataset": "d", "n": 2, "energy_source": "estimate",
                "methods": {"baseline": row, "early-exit:margin@0.5": {"n": 2, "energy_j": 4.0, "rouge_l": 0.56}}}
-    assert plot_exit_energy(summary, tmp_path / "e.png").stat().st_size > 10_000
-    assert plot_exit_energy({**summary, "methods": {"baseline": row, "lookup": row}}, tmp_path / "f.png") is None
-    assert plot_exit_energy({**summary, "methods": {"early-exit:margin@0.5": row}}, tmp_path / "g.png") is None
+    assert plot_exit_energy([summary], tmp_path / "e.png").stat().st_size > 10_000
+    assert plot_exit_energy([{**summary, "methods": {"baseline": row, "lookup": row}}], tmp_path / "f.png") is None
+    assert plot_exit_energy([{**summary, "methods": {"early-exit:margin@0.5": row}}], tmp_path / "g.png") is None
+    tuned = {**summary, "model": "m-lite"}  # two runs, one figure: the title names both
+    assert plot_exit_energy([summary, tuned, {**summary, "methods": {}}], tmp_path / "h.png").stat().st_size > 10_000

@@ -114,37 +114,46 @@ GREEN_CODE = ((23.0, 50.0), -0.015)
 ICSE24 = (11.2, -0.011)
 
 
-def plot_exit_energy(summary: dict, path: Path) -> Path | None:
-    """Each early-exit method's energy saved against the baseline on the same examples (%, the
-    whole request: a method that writes longer lines spends more, where energy per token would
-    spread the prompt's cost over more tokens and flatter it), against its ROUGE-L minus the
-    baseline's; GREEN-CODE's 23-50% at -0.015 as a segment, ICSE 2024's 11.2% faster at -1.1%
-    ROUGE-L as a point (time, not energy)."""
-    methods, base = summary["methods"], summary["methods"].get("baseline")
-    exits = {n: m for n, m in methods.items()
-             if n.startswith("early-exit") and m.get("energy_j") and base and m["n"] == base["n"]}
-    if not exits or not base.get("energy_j"):
+def plot_exit_energy(summaries: list[dict], path: Path) -> Path | None:
+    """Each early-exit method's energy saved against its run's baseline on the same examples (%,
+    the whole request: a method that writes longer lines spends more, where energy per token would
+    spread the prompt's cost over more tokens and flatter it), against its ROUGE-L minus that
+    baseline's; one colour per run (e.g. a tuned model beside its base); GREEN-CODE's 23-50% at
+    -0.015 as a segment, ICSE 2024's 11.2% faster at -1.1% ROUGE-L as a point (time, not energy).
+    None where no run has early-exit methods beside a baseline."""
+    runs = []
+    for summary in summaries:
+        methods, base = summary["methods"], summary["methods"].get("baseline")
+        exits = {n: m for n, m in methods.items()
+                 if n.startswith("early-exit") and m.get("energy_j") and base and m["n"] == base["n"]}
+        if exits and base.get("energy_j"):
+            runs.append((summary, base, exits))
+    if not runs:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    for name, m in exits.items():
-        x = 100 * (1 - m["energy_j"] / base["energy_j"])
-        y = m["rouge_l"] - base["rouge_l"]
-        ax.scatter([x], [y], color="tab:blue", zorder=3)
-        ax.annotate(name.removeprefix("early-exit:"), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    for (summary, base, exits), color in zip(runs, plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        label = (f"{summary['model']}, {summary['dataset']} (baseline ROUGE-L {base['rouge_l']:.3f})"
+                 if len(runs) > 1 else None)
+        for i, (name, m) in enumerate(exits.items()):
+            x = 100 * (1 - m["energy_j"] / base["energy_j"])
+            y = m["rouge_l"] - base["rouge_l"]
+            ax.scatter([x], [y], color=color, zorder=3, label=label if i == 0 else None)
+            ax.annotate(name.removeprefix("early-exit:"), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     (low, high), drop = GREEN_CODE
     ax.plot([low, high], [drop, drop], color="tab:green", linewidth=4, alpha=0.6,
             label=f"GREEN-CODE: {low:.0f}-{high:.0f}% energy saved at {drop} ROUGE-L")
     saved, relative = ICSE24
-    ax.scatter([saved], [relative * base["rouge_l"]], marker="s", color="tab:orange", zorder=3,
+    ax.scatter([saved], [relative * runs[0][1]["rouge_l"]], marker="s", color="tab:orange", zorder=3,
                label=f"ICSE 2024 stop rule: {saved}% faster at {100 * relative:.1f}% ROUGE-L (time)")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.axvline(0, color="black", linewidth=0.8)
-    ax.set_xlabel(f"energy saved against the baseline, same examples (%; {summary.get('energy_source', '')})")
+    ax.set_xlabel(f"energy saved against the baseline, same examples (%; {runs[0][0].get('energy_source', '')})")
     ax.set_ylabel("ROUGE-L minus the baseline's")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    return _save(fig, f"early exit against the papers: {summary['model']} on {summary['dataset']} (n={summary['n']})",
-                 path)
+    models = ", ".join(dict.fromkeys(summary["model"] for summary, _, _ in runs))
+    datasets = ", ".join(dict.fromkeys(f"{summary['dataset']} (n={summary['n']})" for summary, _, _ in runs))
+    return _save(fig, f"early exit against the papers: {models} on {datasets}", path)
 
 
 def _axes(ax, cost: str, quality: str) -> None:

@@ -63,7 +63,7 @@ def run(args) -> int:
              plot_tradeoff(summary, "energy_j_per_token", out / "quality_vs_energy.png").name]
     if sweeps:
         plots.append(plot_sweeps(summary, sweeps, out / "sweep.png").name)
-    for extra in (plot_drafting(summary, out / "drafting.png"), plot_exit_energy(summary, out / "exit_energy.png")):
+    for extra in (plot_drafting(summary, out / "drafting.png"), plot_exit_energy([summary], out / "exit_energy.png")):
         if extra is not None:
             plots.append(extra.name)
     report = render(summary, plots)
