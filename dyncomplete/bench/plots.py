@@ -151,9 +151,11 @@ def plot_exit_energy(summaries: list[dict], path: Path) -> Path | None:
     ax.set_ylabel("ROUGE-L minus the baseline's")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    models = ", ".join(dict.fromkeys(summary["model"] for summary, _, _ in runs))
-    datasets = ", ".join(dict.fromkeys(f"{summary['dataset']} (n={summary['n']})" for summary, _, _ in runs))
-    return _save(fig, f"early exit against the papers: {models} on {datasets}", path)
+    if len(runs) > 1:  # the legend names each run
+        return _save(fig, "early exit against the papers", path)
+    summary = runs[0][0]
+    return _save(fig, f"early exit against the papers: {summary['model']} on {summary['dataset']} (n={summary['n']})",
+                 path)
 
 
 def _axes(ax, cost: str, quality: str) -> None:

@@ -1,36 +1,52 @@
-"""`dyncomplete train-lite`: LITE fine-tuning (LoRA, weighted loss over exit layers); writes a
-peft adapter directory."""
+"""`dyncomplete train-lite`: LITE fine-tuning (LoRA, weighted loss over exit layers) on the train
+split; writes the adapter where `--model ALIAS-lite` loads it from (the package's assets)."""
 
 from __future__ import annotations
 
 import json
+import sys
+import time
+from pathlib import Path
 
-from ._common import add_model_options, load_from_args
+from ._common import add_model_options
 
 
 def run(args) -> int:
-    from ..training.collect import code_chunks
-    from ..training.lite import lite_weights, train_lite
+    from ..models import load
+    from ..models.tuned import adapter_dir, save_adapter
+    from ..training.lite import lite_weights, split_chunks, train_lite
     from .train_exits import parse_layers
 
-    model = load_from_args(args)
+    # LoRA wraps plain linear modules: train on unquantized float weights, whatever --quant says
+    model = load(args.model, dtype=args.dtype, device=args.device, quant="none",
+                 progress=lambda m: print(m, file=sys.stderr))
     layers = parse_layers(args.layers, model.num_layers)
-    chunks = code_chunks(model.tokenizer, "train", args.tokens, chunk=args.chunk)
-    peft_model, losses = train_lite(model, layers, chunks, args.steps, lr=args.lr, rank=args.rank)
-    peft_model.save_pretrained(args.out)
-    print(json.dumps({"out": args.out, "weights": lite_weights(layers, model.num_layers),
-                      "first_loss": losses[0], "last_loss": losses[-1], "losses": losses}))
+    chunks = split_chunks(model.tokenizer, "train", args.chunk)
+    out = Path(args.out) if args.out else adapter_dir(f"{args.model}-lite")
+    start = time.monotonic()
+    peft_model, losses = train_lite(model, layers, chunks, args.steps, lr=args.lr, rank=args.rank,
+                                    max_seconds=60 * args.max_minutes if args.max_minutes else None)
+    record = {"base": args.model, "base_sha256": model.source_sha256, "layers": layers,
+              "weights": lite_weights(layers, model.num_layers), "rank": args.rank, "lr": args.lr,
+              "chunk": args.chunk, "steps": len(losses), "tokens": len(losses) * args.chunk,
+              "chunks_available": len(chunks), "seconds": round(time.monotonic() - start),
+              "first_loss": sum(losses[:20]) / len(losses[:20]), "last_loss": sum(losses[-20:]) / len(losses[-20:])}
+    save_adapter(peft_model, out, record)
+    print(json.dumps({"out": str(out), **record}))
     return 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("train-lite", help="LITE: LoRA fine-tuning with a weighted loss over the exit layers")
     add_model_options(p)
-    p.add_argument("--layers", default=None, help="exit layers: 12,16,20 or every:N (default as train-exits)")
-    p.add_argument("--tokens", type=int, default=4000, help="training tokens (train split)")
-    p.add_argument("--chunk", type=int, default=128, help="tokens per step")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--rank", type=int, default=8, help="LoRA rank")
-    p.add_argument("--out", required=True, help="adapter directory")
+    p.set_defaults(dtype="float32")
+    p.add_argument("--layers", default="16,18,20,22,24,26,28",
+                   help="exit layers trained to be read by the final head: 12,16,20 or every:N")
+    p.add_argument("--chunk", type=int, default=256, help="tokens per step")
+    p.add_argument("--steps", type=int, default=1200, help="steps (the learning rate decays over them)")
+    p.add_argument("--max-minutes", type=float, default=None, help="stop and save after this long")
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--rank", type=int, default=16, help="LoRA rank")
+    p.add_argument("--out", default=None, help="adapter directory (default: the assets of MODEL-lite, "
+                                                 "which `--model MODEL-lite` loads)")
     p.set_defaults(run=run)

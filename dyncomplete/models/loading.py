@@ -20,6 +20,7 @@ import torch
 
 from .layered import LayeredModel
 from .registry import REGISTRY, ModelError, cache_root, cached_dir, lookup, sha256_of
+from .tuned import merge_adapter, tuned_base
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -237,23 +238,26 @@ def resolve(name: str, progress=print) -> tuple[str, str | None]:
 
 def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, quant: str = "none",
          engine: str = "auto") -> LayeredModel:
-    """Load any supported model as a `LayeredModel` with its tokenizer. `quant` (none, int8, int4;
+    """Load any supported model (or a tuned one, `ALIAS-lite`: see tuned.py) as a `LayeredModel` with its tokenizer. `quant` (none, int8, int4;
     auto: `fast.default_quant`) quantizes every linear layer and the LM head at load (weight-only, PyTorch's CPU kernels; a
     fraction of a second for SmolLM2); `engine` picks fast (llama, qwen2) or hf (see layered.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
-    source, sha = resolve(name, progress)  # a converted copy is checked against its digest here
+    base = tuned_base(name)
+    source, sha = resolve(base or name, progress)  # a converted copy is checked against its digest here
     torch_dtype = resolve_dtype(dtype, device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype).to(device)
     except OSError as exc:
-        hint = f"delete {source} and run again to reconvert" if name in REGISTRY else "check the path or id"
+        hint = f"delete {source} and run again to reconvert" if (base or name) in REGISTRY else "check the path or id"
         raise ModelError(f"cannot load model {name!r} from {source}: {str(exc).splitlines()[0]} ({hint})") from exc
     except Exception as exc:
-        hint = f"delete {source} and run again to reconvert" if name in REGISTRY else "check the files"
+        hint = f"delete {source} and run again to reconvert" if (base or name) in REGISTRY else "check the files"
         raise ModelError(f"corrupt or unreadable weights for {name!r} in {source}: {exc} ({hint})") from exc
+    if base:
+        model, sha = merge_adapter(model, name, sha)
     try:
         return LayeredModel(model, tokenizer, name=name, source_sha256=sha, engine=engine, quant=quant)
     except ValueError as exc:

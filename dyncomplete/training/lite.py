@@ -8,8 +8,13 @@ second half and 0.1 for the last layer, each spread decaying geometrically (r = 
 
 from __future__ import annotations
 
+import random
+import time
+
 import torch
 from tqdm import tqdm
+
+from ..data.splits import source_files
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -29,7 +34,7 @@ def lite_weights(layers, num_layers: int, r: float = 0.9) -> dict[int, float]:
 
 def lite_loss(model, ids: torch.Tensor, weights: dict[int, float]) -> torch.Tensor:
     """Weighted next-token loss of every weighted layer on one (1, n) chunk."""
-    ctx = model.context(torch.arange(ids.shape[1]))
+    ctx = model.context(torch.arange(ids.shape[1], device=ids.device))
     h = model.embed(ids, ctx)
     target = ids[0, 1:]
     loss = h.new_zeros((), dtype=torch.float32)
@@ -41,22 +46,42 @@ def lite_loss(model, ids: torch.Tensor, weights: dict[int, float]) -> torch.Tens
     return loss
 
 
-def train_lite(model, layers, chunks, steps: int, lr: float = 2e-4, rank: int = 8, progress: bool = True):
-    """Wrap the model's decoder in LoRA adapters (in place) and train them; returns the peft
-    model and the loss of every step."""
+def split_chunks(tokenizer, split: str, chunk: int, seed: int = 0) -> list[list[int]]:
+    """Every whole `chunk`-token piece of every file of the split, shuffled: fine-tuning reads far
+    more text than the one chunk a file that the exit heads are fitted on."""
+    chunks = []
+    for path in source_files(split=split):
+        ids = tokenizer(path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False).input_ids
+        chunks.extend(ids[i : i + chunk] for i in range(0, len(ids) - chunk + 1, chunk))
+    random.Random(seed).shuffle(chunks)
+    return chunks
+
+
+def train_lite(model, layers, chunks, steps: int, lr: float = 2e-4, rank: int = 8, progress: bool = True,
+               max_seconds: float | None = None):
+    """Wrap the model's decoder in LoRA adapters (in place) and train them (AdamW, cosine decay
+    of the learning rate over `steps`); stops early once `max_seconds` have passed. Returns the
+    peft model and the loss of every step taken."""
     from peft import LoraConfig, get_peft_model
 
     peft_model = get_peft_model(model.hf, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS))
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     weights = lite_weights(layers, model.num_layers)
     losses = []
+    start = time.monotonic()
     peft_model.train()
-    for step in tqdm(range(steps), desc="lite", disable=not progress):
-        loss = lite_loss(model, torch.tensor([chunks[step % len(chunks)]]), weights)
+    bar = tqdm(range(steps), desc="lite", disable=not progress)
+    for step in bar:
+        loss = lite_loss(model, torch.tensor([chunks[step % len(chunks)]], device=model.device), weights)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        schedule.step()
         losses.append(loss.item())
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        if max_seconds is not None and time.monotonic() - start > max_seconds:
+            break
     peft_model.eval()
     return peft_model, losses
