@@ -56,8 +56,8 @@ def test_greedy_identical_to_baseline_on_50_prompts(name, smollm, prompts, refer
 
 @pytest.mark.parametrize("name", ["stand", "stand:10/tree"])
 def test_stand_greedy_identical_to_baseline(name, smollm, prompts, reference):
-    """STAND's chains and trees on the first 20 prompts (trees as retrieval's are verified on 50)."""
-    stats = identical(methods.make_method(name, smollm), smollm, prompts[:20], reference[:20])
+    """STAND's chains and trees on the first 10 prompts (token trees are verified on 50 with retrieval's)."""
+    stats = identical(methods.make_method(name, smollm), smollm, prompts[:10], reference[:10])
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
     assert drafted > 0 and 0 < accepted <= drafted
 
@@ -102,9 +102,10 @@ def test_greedy_identical_to_baseline_in_bfloat16_too(smollm_bf16, prompts, refe
 
 
 def test_draft_model_drafting_for_itself_is_always_accepted(smollm, prompts, reference):
+    """On the first 20 prompts: acceptance, not identity, is the point (identity has its 50 above)."""
     twin = load("smollm2-135m", dtype="float32", progress=lambda m: None)
     method = SpeculativeDecoding(DraftModelProposer(twin, smollm, max_draft=4))
-    stats = identical(method, smollm, prompts, reference)
+    stats = identical(method, smollm, prompts[:20], reference[:20])
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
     assert drafted > 0 and accepted / drafted > 0.97  # same weights: only float near-ties differ
 

@@ -17,6 +17,7 @@ EXAMPLES = {
     "lookup+self": "lookup+self",
     "draft-model": "draft-model:smollm2-135m/2",  # drafts with the model itself (load patched below)
     "retrieval": "retrieval:test/4",  # a store of a few lines (opening patched below)
+    "stand": "stand:4/tree",
     "hf-generate": "hf-generate",
     "llama-cpp": "llama-cpp",
 }
