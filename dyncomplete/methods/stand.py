@@ -6,7 +6,7 @@ drafts the likeliest continuations, as a chain or a tree. Here the distribution 
 every token seen after each 1-, 2- and 3-gram of the request's text (prompt and generated
 tokens), or, where that text has no match, of the client's earlier completions (`params.history`).
 Each drafted token is valued by the acceptance measured so far for tokens of its kind (matched
-n-gram length, share of the count), so the draft length and the tree follow the evidence, with
+n-gram length, share of the count, seen once or more), so the draft length and the tree follow the evidence, with
 the same expected-tokens-per-unit-of-work rule as the other proposers.
 """
 
@@ -19,6 +19,7 @@ from .proposers import PROBE_EVERY, VERIFY_COST, Proposer
 from .verify import Draft
 
 SHARE_EDGES = (0.25, 0.5, 0.75, 0.9)  # buckets of a token's share of its n-gram's count
+SEEN_ONCE_PRIOR = 0.35  # a continuation seen once has share 1 but says little (lookup's first token: 0.46)
 
 
 class NgramCounts:
@@ -37,15 +38,15 @@ class NgramCounts:
                     seen[0] += 1
                     seen[1] = i
 
-    def next(self, tail: tuple[int, ...]) -> tuple[int, list[tuple[int, float]]] | None:
-        """(n of the longest matched n-gram ending `tail`, [(token, share)] likeliest first, ties
-        to the latest occurrence, as plain lookup), or None where no n-gram matches."""
+    def next(self, tail: tuple[int, ...]) -> tuple[int, list[tuple[int, float, int]]] | None:
+        """(n of the longest matched n-gram ending `tail`, [(token, share, count)] likeliest first,
+        ties to the latest occurrence, as plain lookup), or None where no n-gram matches."""
         for n in self.sizes:
             found = self.table.get(tail[-n:]) if len(tail) >= n else None
             if found:
                 total = sum(count for count, _ in found.values())
                 ranked = sorted(found.items(), key=lambda item: (-item[1][0], -item[1][1]))
-                return n, [(token, count / total) for token, (count, _) in ranked]
+                return n, [(token, count / total, count) for token, (count, _) in ranked]
         return None
 
 
@@ -68,28 +69,30 @@ class StandProposer(Proposer):
         self.tables = {self.name: NgramCounts(self.sizes), "history": NgramCounts(self.sizes)}
         self.tables["history"].extend(list(params.history), 1)
         self.indexed = 1
-        # per (matched n, share bucket): [accepted, tried] for drafted tokens whose parent was
-        # accepted; a prior of two tries at the bucket's lower edge
+        # per kind (matched n, share bucket, seen more than once): [accepted, tried] for drafted
+        # tokens whose parent was accepted; a prior of two tries at the bucket's lower edge, or at
+        # SEEN_ONCE_PRIOR for a continuation seen once (a line completion has few steps to learn in)
         lows = (0.1,) + SHARE_EDGES
-        self.by_kind = {(n, b): [2 * low, 2.0] for n in self.sizes for b, low in enumerate(lows)}
-        self.nodes: list[tuple[tuple[int, ...], tuple[int, int]]] = []  # the last draft: path, kind
+        self.by_kind = {(n, b, seen): [2 * (low if seen else SEEN_ONCE_PRIOR), 2.0]
+                        for n in self.sizes for b, low in enumerate(lows) for seen in (False, True)}
+        self.nodes: list[tuple[tuple[int, ...], tuple]] = []  # the last draft: path, kind
         self.unprofitable = 0
 
-    def _rate(self, kind: tuple[int, int]) -> float:
+    def _rate(self, kind: tuple) -> float:
         hits, tries = self.by_kind[kind]
         return hits / tries
 
-    def _children(self, table: NgramCounts, tail: tuple[int, ...]) -> list[tuple[int, tuple[int, int]]]:
+    def _children(self, table: NgramCounts, tail: tuple[int, ...]) -> list[tuple[int, tuple]]:
         found = table.next(tail)
         if found is None:
             return []
         n, ranked = found
-        kept = [(token, share) for token, share in ranked[: self.branch] if share >= self.min_share] or ranked[:1]
-        return [(token, (n, sum(share >= edge for edge in SHARE_EDGES))) for token, share in kept]
+        kept = [item for item in ranked[: self.branch] if item[1] >= self.min_share] or ranked[:1]
+        return [(token, (n, sum(share >= edge for edge in SHARE_EDGES), count > 1)) for token, share, count in kept]
 
-    def _grow(self, table: NgramCounts, tail: tuple[int, ...]) -> dict[tuple[int, ...], tuple[float, tuple[int, int]]]:
+    def _grow(self, table: NgramCounts, tail: tuple[int, ...]) -> dict[tuple[int, ...], tuple[float, tuple]]:
         """path -> (estimated chance that verification accepts it, kind of its last token), best first."""
-        found: dict[tuple[int, ...], tuple[float, tuple[int, int]]] = {}
+        found: dict[tuple[int, ...], tuple[float, tuple]] = {}
         frontier = [(-1.0, ())]
         while frontier and len(found) < self.max_draft:
             value, path = heapq.heappop(frontier)
