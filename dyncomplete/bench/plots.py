@@ -143,7 +143,7 @@ def plot_exit_energy(summaries: list[dict], path: Path) -> Path | None:
     ax.plot([low, high], [drop, drop], color="tab:green", linewidth=4, alpha=0.6,
             label=f"GREEN-CODE: {low:.0f}-{high:.0f}% energy saved at {drop} ROUGE-L")
     saved, relative = ICSE24
-    ax.scatter([saved], [relative * runs[0][1]["rouge_l"]], marker="s", color="tab:orange", zorder=3,
+    ax.scatter([saved], [relative * runs[0][1]["rouge_l"]], marker="s", color="black", zorder=3,
                label=f"ICSE 2024 stop rule: {saved}% faster at {100 * relative:.1f}% ROUGE-L (time)")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.axvline(0, color="black", linewidth=0.8)
