@@ -62,6 +62,18 @@ def best_length(rates: list[float], per_token_cost: float, max_len: int | None =
     return best
 
 
+def best_tree_size(chances: list[float], per_token_cost: float) -> int:
+    """How many of a tree's nodes to verify, most likely first (each with its estimated chance of
+    acceptance): the count maximising (1 + sum of their chances) / (1 + count * per_token_cost)."""
+    best, size, gained = 1.0, 0, 1.0
+    for i, chance in enumerate(chances):
+        gained += chance
+        value = gained / (1.0 + (i + 1) * per_token_cost)
+        if value > best:
+            best, size = value, i + 1
+    return size
+
+
 class ConfidenceStop:
     """Stop drafting when the draft's top probability falls below the threshold (Kangaroo)."""
 

@@ -28,7 +28,7 @@ import torch
 from ..energy.work import full_pass_macs, head_macs, layer_macs
 from ..engine.sampling import draw
 from ..exits.shortlist import Shortlist
-from .draft_control import AcceptanceTracker, ExitLayerController, best_length, expected_tokens
+from .draft_control import AcceptanceTracker, ExitLayerController, best_length, best_tree_size, expected_tokens
 from .verify import Draft
 
 VERIFY_COST = 0.1  # wall time of one extra verified position, relative to one decode step (CPU)
@@ -362,12 +362,7 @@ class RetrievalProposer(Proposer):
     def _tree(self, from_context: Draft, context: list[int]) -> Draft:
         found = self._candidates(from_context, context)
         order = sorted(found, key=lambda path: (-found[path][0], len(path)))[: self.max_draft]
-        best, size, gained = 1.0, 0, 1.0
-        for i, path in enumerate(order):  # expected tokens per unit of work, node by node
-            gained += found[path][0]
-            value = gained / (1.0 + (i + 1) * self.verify_cost)
-            if value > best:
-                best, size = value, i + 1
+        size = best_tree_size([found[path][0] for path in order], self.verify_cost)
         chosen = sorted(order[:size], key=len)  # parents before children (a prefix is never less likely)
         index = {path: i for i, path in enumerate(chosen)}
         self.nodes = [(path, found[path][1], found[path][2]) for path in chosen]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 
-from .draft_control import best_length
+from .draft_control import best_length, best_tree_size
 from .proposers import PROBE_EVERY, VERIFY_COST, Proposer
 from .verify import Draft
 
@@ -119,11 +119,7 @@ class StandProposer(Proposer):
             size, _ = best_length([self._rate(found[path][1]) for path in order], self.verify_cost)
         else:  # a tree: the likeliest nodes, as many as pay for their verification
             order = sorted(found, key=lambda path: (-found[path][0], len(path)))[: self.max_draft]
-            size, best, gained = 0, 1.0, 1.0
-            for i, path in enumerate(order):
-                gained += found[path][0]
-                if gained / (1.0 + (i + 1) * self.verify_cost) > best:
-                    best, size = gained / (1.0 + (i + 1) * self.verify_cost), i + 1
+            size = best_tree_size([found[path][0] for path in order], self.verify_cost)
         if size == 0:  # not worth it by the evidence so far; probe one token now and then to update it
             self.unprofitable += 1
             size = int(self.unprofitable % PROBE_EVERY == 0)
