@@ -126,7 +126,7 @@ class Linear:
             native.library()  # builds the kernels now, or says why it cannot
             levels, self.scales = quantize_int4(weight, weight.dtype, group)
             self.qweight = native.pack_int4(levels, self.scales)
-            self.native = native.linear_struct(self.qweight, bias)
+            self.native = native.linear_struct(self.qweight, bias, self.out_features)
             self.levels = levels  # kept until `dequantized` has run (see FastEngine)
         elif quant != "none":
             raise ValueError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")

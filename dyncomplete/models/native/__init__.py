@@ -20,12 +20,14 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from ...paths import cache_root, cpu_name
 
 SOURCE = Path(__file__).with_name("decode.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
-GROUP = 32  # input features per block (decode.c's GROUP)
+GROUP = 32  # input features per int4 scale/zero pair (decode.c's GROUP)
+BLOCK = 16  # output features per block of packed weights (decode.c's BLOCK)
 
 
 class NativeUnavailable(ValueError):
@@ -108,16 +110,20 @@ def available() -> bool:
 
 def pack_int4(levels: torch.Tensor, scales_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """decode.c's weights from `fast.quantize_int4`'s output (levels (N, K) in 0..15, scales and
-    zeros (K / GROUP, N, 2) bf16): levels two a byte (N, K / 2) uint8, scales (N, K / GROUP) and
-    zeros (N, K / GROUP) bf16."""
+    zeros (K / GROUP, N, 2) bf16), in blocks of BLOCK output features (N padded with zero scales):
+    levels (blocks, K / GROUP, 4, BLOCK, 4) uint8, byte [b, g, j, f, i] = level 4j + i of group g
+    of feature f (low nibble) and level 16 + 4j + i (high nibble); scales and zeros
+    (blocks, K / GROUP, BLOCK) bf16."""
     n, k = levels.shape
-    q = levels.reshape(n, k // GROUP, GROUP).to(torch.uint8)
-    nibbles = (q[..., : GROUP // 2] | (q[..., GROUP // 2 :] << 4)).reshape(n, k // 2).contiguous()
-    sz = scales_zeros.transpose(0, 1)  # (N, K / GROUP, 2)
+    pad = -n % BLOCK
+    q = F.pad(levels.to(torch.uint8), (0, 0, 0, pad)).reshape(-1, BLOCK, k // GROUP, 2, 4, 4)  # b f g half j i
+    nibbles = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).contiguous()  # b g j f i
+    sz = F.pad(scales_zeros, (0, 0, 0, pad)).reshape(k // GROUP, -1, BLOCK, 2).transpose(0, 1)  # b g f 2
     return nibbles, sz[..., 0].contiguous(), sz[..., 1].contiguous()
 
 
-def linear_struct(packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], bias: torch.Tensor | None) -> Linear:
+def linear_struct(packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
+                  out_features: int) -> Linear:
     q, scales, zeros = packed
     return Linear(q.data_ptr(), scales.data_ptr(), zeros.data_ptr(), bias.data_ptr() if bias is not None else None,
-                  q.shape[0], 2 * q.shape[1])
+                  out_features, q.shape[1] * GROUP)

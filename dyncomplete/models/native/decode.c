@@ -10,10 +10,10 @@
  * row's own operations; compiled with -ffp-contract=off so that the compiler fuses nothing on
  * its own; reductions run in a fixed order.
  *
- * Weights: groups of GROUP input features with a bf16 scale and zero each; the levels of a group
- * are 16 bytes, byte j holding level j in its low nibble and level j + 16 in its high nibble;
- * w = (q - 8) * scale + zero, as the model's dequantized weights (fast.py, quantize_int4) define
- * it. Inputs are quantized to int8 per group before they multiply (see quantize_input).
+ * Weights: groups of GROUP input features with a bf16 scale and zero each, w = (q - 8) * scale +
+ * zero with levels q in 0..15, as the model's dequantized weights (fast.py, quantize_int4) define
+ * it; laid out in blocks of 16 output features (see block_levels). Inputs are quantized to int8
+ * per group before they multiply (see quantize_group).
  * Activations: float32 inside a layer; hidden states, keys and values in bfloat16 (the model's
  * dtype and cache layout: keys (kv_heads, head_dim, capacity), values (kv_heads, capacity,
  * head_dim)).
@@ -31,8 +31,8 @@
 #define PRAGMA_UNROLL _Pragma("GCC unroll 8") /* tiles' loops: accumulators stay in registers */
 
 typedef struct {
-    const uint8_t *q;                      /* (out, in / 2) levels, two a byte (see above) */
-    const uint16_t *scales, *zeros, *bias; /* (out, in / GROUP) bf16 each; bias (out,) bf16 or NULL */
+    const uint8_t *q;                      /* (blocks, groups, 256) levels, two a byte (see block_levels) */
+    const uint16_t *scales, *zeros, *bias; /* (blocks, groups, 16) bf16 each; bias (out,) bf16 or NULL */
     int out, in;
 } linear_t;
 
@@ -64,41 +64,38 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as PyTor
 /* -- int4 products ------------------------------------------------------------------------- */
 
 /* Inputs are quantized as llama.cpp quantizes them for its 4-bit products (Q8): per group of
- * GROUP features, int8 values and one float scale dx = max |x| / 127. Laid out per chunk of 4
- * groups as [g0 0..15, g1 0..15, g2 0..15, g3 0..15, g0 16..31, ..., g3 16..31] (the order of
- * the levels in a 512-bit load of their nibbles), padded with zeros to whole chunks. */
-#define CHUNK 4                                    /* groups per 512-bit load of levels */
-#define CHUNKS(in) (((in) / GROUP + CHUNK - 1) / CHUNK)
-/* Floats of scratch per row of input: int8 values, per-lane scales, group sums. */
-#define INPUT_SCRATCH(in) (CHUNKS(in) * (CHUNK * GROUP / 4 + 16) + CHUNKS(in) * CHUNK)
+ * GROUP features, int8 values and one float scale dx = max |x| / 127, with sum = dx * (the sum of
+ * the group's int8 values). A product is then, per output feature and group,
+ * w x = scale * dx * isum + (zero - 8 * scale) * sum, isum = sum(q * xq) an exact int32. */
+#define BLOCK 16 /* output features a vector holds (float32 lanes) */
+/* Floats of scratch per row of input: int8 values, dx and sum per group. */
+#define INPUT_SCRATCH(in) ((in) / 4 + 2 * ((in) / GROUP))
 
 typedef struct {
-    int8_t *q;     /* (rows, CHUNKS * 128) */
-    float *lanes;  /* (rows, CHUNKS * 16): dx of the group each int32 lane of a chunk sums */
-    float *sums;   /* (rows, CHUNKS * CHUNK): dx * sum of the group's int8 values */
+    int8_t *q;   /* (rows, in) */
+    float *dx;   /* (rows, groups) */
+    float *sums; /* (rows, groups) */
 } qinput_t;
 
 static qinput_t input_layout(int rows, int in, float *scratch) {
-    int chunks = CHUNKS(in);
-    qinput_t qi = {(int8_t *)scratch, scratch + (size_t)rows * chunks * 32, scratch + (size_t)rows * chunks * 48};
+    int groups = in / GROUP;
+    qinput_t qi = {(int8_t *)scratch, scratch + (size_t)rows * in / 4, scratch + (size_t)rows * (in / 4 + groups)};
     return qi;
 }
 
-/* Group g of row r of x into qi (zeros past the last group of a chunk come from the caller's
- * memset). The vector version runs the scalar one's operations: max |x| (exact in any order),
- * x * (127 / max) rounded to nearest even, an exact integer sum. */
+/* Group g of row r of x into qi. The vector version runs the scalar one's operations: max |x|
+ * (exact in any order), x * (127 / max) rounded to nearest even, an exact integer sum. */
 static inline void quantize_group(const float *x, int r, int g, int in, qinput_t qi) {
-    int chunks = CHUNKS(in), c = g / CHUNK, k = g % CHUNK;
     const float *p = x + (size_t)r * in + g * GROUP;
-    int8_t *dst = qi.q + ((size_t)r * chunks + c) * CHUNK * GROUP;
+    int8_t *dst = qi.q + (size_t)r * in + g * GROUP;
 #ifdef VECTOR_512
     __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
     float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
     __m512i va = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv))); /* MXCSR: nearest even */
     __m512i vb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
-    _mm_storeu_si128((__m128i *)(dst + k * 16), _mm512_cvtepi32_epi8(va));
-    _mm_storeu_si128((__m128i *)(dst + 64 + k * 16), _mm512_cvtepi32_epi8(vb));
+    _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(va));
+    _mm_storeu_si128((__m128i *)(dst + 16), _mm512_cvtepi32_epi8(vb));
     int total = _mm512_reduce_add_epi32(_mm512_add_epi32(va, vb));
 #else
     float amax = 0.f;
@@ -107,152 +104,148 @@ static inline void quantize_group(const float *x, int r, int g, int in, qinput_t
     int total = 0;
     for (int j = 0; j < GROUP; j++) {
         int v = (int)nearbyintf(p[j] * inv);
-        dst[(j / 16) * 64 + k * 16 + j % 16] = (int8_t)v;
+        dst[j] = (int8_t)v;
         total += v;
     }
 #endif
-    for (int l = 0; l < 4; l++) qi.lanes[((size_t)r * chunks + c) * 16 + k * 4 + l] = dx;
-    qi.sums[(size_t)r * chunks * CHUNK + g] = dx * (float)total;
+    int groups = in / GROUP;
+    qi.dx[(size_t)r * groups + g] = dx;
+    qi.sums[(size_t)r * groups + g] = dx * (float)total;
+}
+
+/* Weights (see pack_int4 in __init__.py): blocks of BLOCK output features (the last padded with
+ * zero scales), each group of a block 256 bytes: four steps of 64 bytes, step j holding for each
+ * feature 4 bytes, byte i = level 4j + i (low nibble) and level 16 + 4j + i (high nibble); scales
+ * and zeros (blocks, groups, BLOCK) bf16. So a vector of levels holds 4 inputs of 16 features,
+ * and a u8 x s8 dot product (VNNI) against 4 broadcast input values gives each feature's lane its
+ * own exact partial sum: no lanes to add across, and the float steps of a (feature, row) pair,
+ * group after group, are the same in a tile of any size and in the portable loops below. */
+static inline const uint8_t *block_levels(const linear_t *lin, int b, int g) {
+    return lin->q + ((size_t)b * (lin->in / GROUP) + g) * (GROUP * BLOCK / 2);
 }
 
 #if defined(VECTOR_512) && defined(__AVX512VNNI__)
-/* NC output features x NR rows: per chunk of 4 groups and row, two u8 x s8 dot products (VNNI)
- * into 16 int32 lanes, 4 a group, then scaled in float:
- * w x = scale * dx * sum(q xq) + (zero - 8 * scale) * dx * sum(xq).
- * The first term is accumulated chunk by chunk, the second in its own pass (16 groups a vector),
- * so that the accumulators of a whole tile stay in registers; the rows' values and scales are
- * read from memory as operands. Each (feature, row) pair runs the same operations in any tile. */
-static inline __attribute__((always_inline)) void tile(const linear_t *lin, int n0, int NC, qinput_t qi, int r0,
+static inline __m512 load_bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* NB blocks of features x NR rows from block b0 and row r0. */
+static inline __attribute__((always_inline)) void tile(const linear_t *lin, int b0, int NB, qinput_t qi, int r0,
                                                        int NR, float *out) {
-    int in = lin->in, groups = in / GROUP, chunks = CHUNKS(in);
+    int in = lin->in, groups = in / GROUP;
     __m512 acc[4][8];
     PRAGMA_UNROLL
-    for (int c = 0; c < NC; c++)
+    for (int c = 0; c < NB; c++)
         PRAGMA_UNROLL
         for (int r = 0; r < NR; r++) acc[c][r] = _mm512_setzero_ps();
     const __m512i nibble = _mm512_set1_epi8(15);
-    for (int g0 = 0; g0 < groups; g0 += 16) { /* 16 groups: one vector of scales */
-        int ng = groups - g0 < 16 ? groups - g0 : 16;
-        __mmask16 mask = (__mmask16)((1u << ng) - 1);
-        __m512 sc[4];
+    for (int g = 0; g < groups; g++) {
+        __m512i lo_sum[4][8], hi_sum[4][8]; /* exact: the order of integer additions is free */
         PRAGMA_UNROLL
-        for (int c = 0; c < NC; c++)
-            sc[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lin->scales + (size_t)(n0 + c) * groups + g0)), 16));
-        for (int k = 0; k < (ng + CHUNK - 1) / CHUNK; k++) {
-            int chunk = g0 / CHUNK + k, left = groups - chunk * CHUNK;
-            __mmask64 bytes = left >= CHUNK ? ~(__mmask64)0 : (((__mmask64)1 << (left * 16)) - 1);
-            __m512i idx = _mm512_srli_epi32(_mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
-                                                                              4, 3, 2, 1, 0),
-                                                             _mm512_set1_epi32(16 * k)), 2);
+        for (int c = 0; c < NB; c++)
             PRAGMA_UNROLL
-            for (int c = 0; c < NC; c++) {
-                const uint8_t *q = lin->q + (size_t)(n0 + c) * (in / 2) + chunk * 64;
-                __m512i v = _mm512_maskz_loadu_epi8(bytes, q);
+            for (int r = 0; r < NR; r++) lo_sum[c][r] = hi_sum[c][r] = _mm512_setzero_si512();
+        PRAGMA_UNROLL
+        for (int j = 0; j < 4; j++)
+            PRAGMA_UNROLL
+            for (int c = 0; c < NB; c++) {
+                __m512i v = _mm512_loadu_si512(block_levels(lin, b0 + c, g) + 64 * j);
                 __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-                __m512 s = _mm512_permutexvar_ps(idx, sc[c]);
                 PRAGMA_UNROLL
                 for (int r = 0; r < NR; r++) {
-                    const int8_t *px = qi.q + ((size_t)(r0 + r) * chunks + chunk) * CHUNK * GROUP;
-                    __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
-                                                                        _mm512_loadu_si512(px)),
-                                                    hi, _mm512_loadu_si512(px + 64));
-                    __m512 dx = _mm512_loadu_ps(qi.lanes + ((size_t)(r0 + r) * chunks + chunk) * 16);
-                    acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(s, dx), acc[c][r]);
+                    const int8_t *px = qi.q + (size_t)(r0 + r) * in + g * GROUP + 4 * j;
+                    int32_t a, b;
+                    memcpy(&a, px, 4), memcpy(&b, px + 16, 4);
+                    lo_sum[c][r] = _mm512_dpbusd_epi32(lo_sum[c][r], lo, _mm512_set1_epi32(a));
+                    hi_sum[c][r] = _mm512_dpbusd_epi32(hi_sum[c][r], hi, _mm512_set1_epi32(b));
                 }
+            }
+        PRAGMA_UNROLL
+        for (int c = 0; c < NB; c++) {
+            size_t at = ((size_t)(b0 + c) * groups + g) * BLOCK;
+            __m512 s = load_bf16x16(lin->scales + at);
+            __m512 zero = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), s, load_bf16x16(lin->zeros + at));
+            PRAGMA_UNROLL
+            for (int r = 0; r < NR; r++) {
+                size_t rg = (size_t)(r0 + r) * groups + g;
+                __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(lo_sum[c][r], hi_sum[c][r]));
+                acc[c][r] = _mm512_fmadd_ps(isum, _mm512_mul_ps(s, _mm512_set1_ps(qi.dx[rg])), acc[c][r]);
+                acc[c][r] = _mm512_fmadd_ps(zero, _mm512_set1_ps(qi.sums[rg]), acc[c][r]);
             }
         }
     }
     PRAGMA_UNROLL
-    for (int c = 0; c < NC; c++) {
-        float main_part[8];
+    for (int c = 0; c < NB; c++) {
+        int n0 = (b0 + c) * BLOCK, left = lin->out - n0;
+        __mmask16 m = left >= BLOCK ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
         PRAGMA_UNROLL
-        for (int r = 0; r < NR; r++) main_part[r] = _mm512_reduce_add_ps(acc[c][r]);
-        __m512 zacc[8];
-        PRAGMA_UNROLL
-        for (int r = 0; r < NR; r++) zacc[r] = _mm512_setzero_ps();
-        for (int g0 = 0; g0 < groups; g0 += 16) {
-            int ng = groups - g0 < 16 ? groups - g0 : 16;
-            __mmask16 mask = (__mmask16)((1u << ng) - 1);
-            size_t at = (size_t)(n0 + c) * groups + g0;
-            __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lin->scales + at)), 16));
-            __m512 z = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lin->zeros + at)), 16));
-            __m512 zero = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), s, z);
-            PRAGMA_UNROLL
-            for (int r = 0; r < NR; r++)
-                zacc[r] = _mm512_fmadd_ps(
-                    zero, _mm512_maskz_loadu_ps(mask, qi.sums + (size_t)(r0 + r) * chunks * CHUNK + g0), zacc[r]);
-        }
-        PRAGMA_UNROLL
-        for (int r = 0; r < NR; r++)
-            out[(size_t)(r0 + r) * lin->out + n0 + c] = main_part[r] + _mm512_reduce_add_ps(zacc[r]);
+        for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(out + (size_t)(r0 + r) * lin->out + n0, m, acc[c][r]);
     }
 }
 #else
-/* Portable version (no AVX512-VNNI): the same product, in plain loops. */
-static inline __attribute__((always_inline)) void tile(const linear_t *lin, int n0, int NC, qinput_t qi, int r0,
+/* Portable version (no AVX512-VNNI): the same operations, feature by feature. */
+static inline __attribute__((always_inline)) void tile(const linear_t *lin, int b0, int NB, qinput_t qi, int r0,
                                                        int NR, float *out) {
-    int groups = lin->in / GROUP, chunks = CHUNKS(lin->in);
-    for (int c = 0; c < NC; c++)
-        for (int r = 0; r < NR; r++) {
-            const uint8_t *q = lin->q + (size_t)(n0 + c) * (lin->in / 2);
-            float acc = 0.f;
-            for (int g = 0; g < groups; g++) {
-                const int8_t *px = qi.q + ((size_t)(r0 + r) * chunks + g / CHUNK) * CHUNK * GROUP + (g % CHUNK) * 16;
-                int t = 0;
-                for (int j = 0; j < GROUP / 2; j++) t += (q[g * 16 + j] & 15) * px[j] + (q[g * 16 + j] >> 4) * px[j + 64];
-                size_t at = (size_t)(n0 + c) * groups + g;
-                float s = bf16_to_f32(lin->scales[at]), dx = qi.lanes[((size_t)(r0 + r) * chunks + g / CHUNK) * 16 + (g % CHUNK) * 4];
-                acc = fmaf((float)t, s * dx, acc);
-                acc = fmaf(fmaf(-8.f, s, bf16_to_f32(lin->zeros[at])), qi.sums[(size_t)(r0 + r) * chunks * CHUNK + g], acc);
+    int in = lin->in, groups = in / GROUP;
+    for (int c = 0; c < NB; c++)
+        for (int f = 0; f < BLOCK && (b0 + c) * BLOCK + f < lin->out; f++)
+            for (int r = r0; r < r0 + NR; r++) {
+                float acc = 0.f;
+                for (int g = 0; g < groups; g++) {
+                    const uint8_t *q = block_levels(lin, b0 + c, g);
+                    const int8_t *px = qi.q + (size_t)r * in + g * GROUP;
+                    int isum = 0;
+                    for (int j = 0; j < 4; j++)
+                        for (int i = 0; i < 4; i++) {
+                            uint8_t v = q[64 * j + 4 * f + i];
+                            isum += (v & 15) * px[4 * j + i] + (v >> 4) * px[16 + 4 * j + i];
+                        }
+                    size_t at = ((size_t)(b0 + c) * groups + g) * BLOCK + f, rg = (size_t)r * groups + g;
+                    float s = bf16_to_f32(lin->scales[at]);
+                    acc = fmaf((float)isum, s * qi.dx[rg], acc);
+                    acc = fmaf(fmaf(-8.f, s, bf16_to_f32(lin->zeros[at])), qi.sums[rg], acc);
+                }
+                out[(size_t)r * lin->out + (b0 + c) * BLOCK + f] = acc;
             }
-            out[(size_t)(r0 + r) * lin->out + n0 + c] = acc;
-        }
 }
 #endif
 
-/* Tiles: 4 features x 1 row for one-row products (four weight streams at once); 2 features x up
- * to 8 rows otherwise, so that a weight chunk decoded once serves 8 rows and the 16
- * accumulators stay in registers. */
+/* Rows r0..r0 + nr - 1 (nr <= 8) of the UNIT blocks from b0: few rows take several blocks a tile
+ * (independent weight streams and accumulators), more rows one block, so that levels decoded
+ * once serve up to 8 rows and the accumulators stay in registers. */
+#define UNIT 4
 #define TILE_R 8
+static void unit_rows(const linear_t *lin, int b0, qinput_t qi, int r0, int nr, float *out) {
+    switch (nr) {
+    case 1: tile(lin, b0, 4, qi, r0, 1, out); break;
+    case 2: tile(lin, b0, 4, qi, r0, 2, out); break;
+    case 3: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 3, out); break;
+    case 4: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 4, out); break;
+    case 5: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 5, out); break;
+    case 6: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 6, out); break;
+    case 7: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 7, out); break;
+    default: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 8, out);
+    }
+}
 
 /* out (rows, lin->out) = x (rows, lin->in) W^T + bias, float32; scratch: rows * INPUT_SCRATCH(in). */
 static void linear_f32(const linear_t *lin, const float *x, int rows, float *scratch, float *out) {
-    int groups = lin->in / GROUP;
+    int groups = lin->in / GROUP, blocks = (lin->out + BLOCK - 1) / BLOCK, units = (blocks + UNIT - 1) / UNIT;
     qinput_t qi = input_layout(rows, lin->in, scratch);
-    memset(scratch, 0, sizeof(float) * (size_t)rows * INPUT_SCRATCH(lin->in));
-    int width = rows == 1 ? 4 : 2, tiles = (lin->out + width - 1) / width;
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
         for (int i = 0; i < rows * groups; i++) quantize_group(x, i / groups, i % groups, lin->in, qi);
 #pragma omp for schedule(static)
-        for (int t = 0; t < tiles; t++) {
-            int n0 = t * width;
-            if (lin->out - n0 < width) { /* the last features, one at a time */
-                for (int n = n0; n < lin->out; n++)
-                    for (int r = 0; r < rows; r++) tile(lin, n, 1, qi, r, 1, out);
-                continue;
-            }
-            if (width == 4) {
-                tile(lin, n0, 4, qi, 0, 1, out);
-                continue;
-            }
+        for (int u = 0; u < units; u++)
             for (int r0 = 0; r0 < rows; r0 += TILE_R) {
-                switch (rows - r0 < TILE_R ? rows - r0 : TILE_R) {
-                case 1: tile(lin, n0, 2, qi, r0, 1, out); break;
-                case 2: tile(lin, n0, 2, qi, r0, 2, out); break;
-                case 3: tile(lin, n0, 2, qi, r0, 3, out); break;
-                case 4: tile(lin, n0, 2, qi, r0, 4, out); break;
-                case 5: tile(lin, n0, 2, qi, r0, 5, out); break;
-                case 6: tile(lin, n0, 2, qi, r0, 6, out); break;
-                case 7: tile(lin, n0, 2, qi, r0, 7, out); break;
-                default: tile(lin, n0, 2, qi, r0, 8, out);
-                }
+                int nr = rows - r0 < TILE_R ? rows - r0 : TILE_R;
+                if (blocks - u * UNIT >= UNIT)
+                    unit_rows(lin, u * UNIT, qi, r0, nr, out);
+                else /* the last blocks, one at a time */
+                    for (int b = u * UNIT; b < blocks; b++)
+                        for (int r = r0; r < r0 + nr; r++) tile(lin, b, 1, qi, r, 1, out);
             }
-        }
     }
     if (lin->bias)
         for (int r = 0; r < rows; r++)
