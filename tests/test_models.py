@@ -228,6 +228,9 @@ def test_models_json(capsys):
     assert {"alias", "installed", "cached", "path", "layers", "params"} <= set(smol)
     assert smol["installed"] and smol["cached"] and smol["layers"] == 30
     assert 130e6 < smol["params"] < 140e6
+    lite = next(r for r in rows if r["alias"] == "smollm2-135m-lite")  # the shipped LITE adapter
+    assert lite["base"] == "smollm2-135m" and lite["layers"] == 30 and lite["params"] == smol["params"]
+    assert lite["install"] == smol["install"] and lite["adapter"].endswith("lite_adapter")
 
 
 @pytest.mark.model

@@ -32,10 +32,22 @@ def describe(spec) -> dict:
     }
 
 
+def describe_tuned(name: str) -> dict:
+    """A tuned model's row: its base's state (the adapter ships in the package) and where the
+    adapter lies."""
+    from ..models import REGISTRY
+    from ..models.tuned import adapter_dir, tuned_base
+
+    base = describe(REGISTRY[tuned_base(name)])
+    return {**base, "alias": name, "description": f"{base['alias']} + the LITE adapter, merged at load",
+            "base": base["alias"], "adapter": str(adapter_dir(name))}
+
+
 def run(args) -> int:
     from ..models import REGISTRY
+    from ..models.tuned import shipped
 
-    rows = [describe(spec) for spec in REGISTRY.values()]
+    rows = [describe(spec) for spec in REGISTRY.values()] + [describe_tuned(name) for name in shipped()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -47,8 +59,9 @@ def run(args) -> int:
         table.add_column(col)
     for r in rows:
         params = f"{r['params'] / 1e6:.0f}M" if r["params"] else "-"
+        install = "" if r["installed"] else f"dyncomplete install {r.get('base', r['alias'])}"
         table.add_row(r["alias"], str(r["layers"]), params, "yes" if r["installed"] else "no",
-                      "yes" if r["cached"] else "no", "" if r["installed"] else f"dyncomplete install {r['alias']}")
+                      "yes" if r["cached"] else "no", install)
     Console().print(table)
     return 0
 

@@ -30,6 +30,11 @@ def adapter_dir(name: str) -> Path:
     return ASSETS / name / ADAPTER
 
 
+def shipped() -> list[str]:
+    """The tuned models whose adapter ships in the assets."""
+    return [alias + SUFFIX for alias in REGISTRY if (adapter_dir(alias + SUFFIX) / "adapter_config.json").is_file()]
+
+
 def save_adapter(peft_model, out: Path, record: dict) -> None:
     """The adapter's weights in bfloat16 (half the size of peft's float32; merged they differ
     from the trained ones by bfloat16 rounding) and the training record beside them."""
