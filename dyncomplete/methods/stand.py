@@ -38,6 +38,10 @@ class NgramCounts:
                     seen[0] += 1
                     seen[1] = i
 
+    def matches(self, tail: tuple[int, ...]) -> bool:
+        """Whether some n-gram ending `tail` was seen (what `next` would rank, without ranking it)."""
+        return any(len(tail) >= n and tail[-n:] in self.table for n in self.sizes)
+
     def next(self, tail: tuple[int, ...]) -> tuple[int, list[tuple[int, float, int]]] | None:
         """(n of the longest matched n-gram ending `tail`, [(token, share, count)] likeliest first,
         ties to the latest occurrence, as plain lookup), or None where no n-gram matches."""
@@ -108,7 +112,7 @@ class StandProposer(Proposer):
         self.tables[self.name].extend(context, self.indexed)
         self.indexed = len(context)
         tail = tuple(context[-self.sizes[0]:])
-        source = next((s for s, table in self.tables.items() if table.next(tail)), None)
+        source = next((s for s, table in self.tables.items() if table.matches(tail)), None)
         self.nodes = []
         if source is None:
             return Draft([], source=self.name)
