@@ -21,6 +21,8 @@ from dyncomplete.serve.request import ApiError, parse_completion
      {"heads": "runs/q/h.safetensors", "kv": "propagate"}, 0.5),
     ("hf-generate:assisted:qwen2.5-coder-0.5b", "hf-generate", ("assisted:qwen2.5-coder-0.5b",), {}, None),
     ("draft-model:qwen2.5-coder-0.5b/4", "draft-model", ("qwen2.5-coder-0.5b", "4"), {}, None),
+    ("draft-model:qwen2.5-coder-0.5b/4/tree", "draft-model", ("qwen2.5-coder-0.5b", "4"), {"tree": ""}, None),
+    ("stand:10/tree", "stand", ("10",), {"tree": ""}, None),
 ])
 def test_names_parse(name, family, args, options, threshold):
     parsed = parse_method(name)

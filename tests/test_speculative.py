@@ -110,6 +110,35 @@ def test_draft_model_drafting_for_itself_is_always_accepted(smollm, prompts, ref
     assert drafted > 0 and accepted / drafted > 0.97  # same weights: only float near-ties differ
 
 
+def test_the_draft_model_loads_in_the_targets_dtype_and_weight_format(smollm, monkeypatch):
+    """An int4 target with a bfloat16 draft model ran the draft on PyTorch's kernels, slower than
+    the target's own step (0.34x on Qwen2.5-Coder-1.5B)."""
+    asked = {}
+    monkeypatch.setattr("dyncomplete.methods.speculative.load", lambda name, **kw: asked.update(kw, name=name) or smollm)
+    methods.make_method("draft-model:smollm2-135m/2", smollm)
+    assert asked["name"] == "smollm2-135m" and asked["quant"] == smollm.quant
+    assert asked["dtype"] == str(smollm.dtype).removeprefix("torch.")
+
+
+def test_draft_model_tree_keeps_the_baseline_output_and_lands_runner_ups(smollm, prompts, reference):
+    """The LITE-tuned SmolLM2 (same tokenizer, other weights) drafts for the base model as a tree:
+    its greedy chain plus its runner-up tokens beside it, on the first 8 prompts."""
+    lite = load("smollm2-135m-lite", dtype="float32", progress=lambda m: None)
+    proposer = DraftModelProposer(lite, smollm, max_draft=4, tree=True)
+    landed = []  # per step: whether an accepted token was a runner-up (a node beside a chain node)
+    feedback = proposer.feedback
+
+    def record(draft, accepted):
+        parents = draft.parents
+        landed.append(any(i > 0 and parents[i] == parents[i - 1] for i in draft.accepted))
+        feedback(draft, accepted)
+
+    proposer.feedback = record
+    stats = identical(SpeculativeDecoding(proposer), smollm, prompts[:8], reference[:8])
+    assert sum(s.drafted for s in stats) > sum(s.accepted for s in stats) > 0
+    assert any(landed)
+
+
 def test_cache_matches_plain_decoding_and_no_layer_runs_twice(smollm, prompts, monkeypatch):
     ids = prompts[0]
     params = GenerationParams(max_new_tokens=NEW_TOKENS)

@@ -185,15 +185,22 @@ def self_draft_costs(model, heads, shortlist: int, verify_cost: float = VERIFY_C
 
 class DraftModelProposer(Proposer):
     """A smaller model of the same tokenizer drafts `max_draft` tokens with its own KV cache,
-    which keeps every token it has seen that is still in the context (rolled back otherwise)."""
+    which keeps every token it has seen that is still in the context (rolled back otherwise).
+
+    `tree=True`: the draft model's greedy chain plus, at each depth, its runner-up token as a leaf
+    beside the chain's token where the draft model gives it at least SIBLING_MIN of its mass
+    (multi-candidate drafting at no extra draft-model work: the runner-up is in the logits the
+    chain needed anyway); verified as one token tree."""
 
     name = "draft-model"
+    SIBLING_MIN = 0.1
 
-    def __init__(self, draft_model, target, max_draft: int = 4):
+    def __init__(self, draft_model, target, max_draft: int = 4, tree: bool = False):
         if len(draft_model.tokenizer) != len(target.tokenizer) or draft_model.vocab_size > target.vocab_size:
             raise ValueError(f"{draft_model.name} and {target.name} do not share a tokenizer")
         self.draft = draft_model
         self.max_draft = max_draft
+        self.tree = tree
         self.token_macs = draft_model.num_layers * layer_macs(draft_model)
         self.head_macs = head_macs(draft_model)
 
@@ -216,6 +223,8 @@ class DraftModelProposer(Proposer):
         self.cache.crop(common)
         logits = self._run(context[common:], common)
         self.seen = list(context)
+        if self.tree:
+            return self._tree(logits)
         tokens, probs = [], []
         for j in range(self.max_draft):
             token, q = draw(logits, self.params, self.generator)
@@ -226,6 +235,25 @@ class DraftModelProposer(Proposer):
                 logits = self._run([token], len(self.seen))
                 self.seen.append(token)
         return Draft(tokens, torch.stack(probs) if probs else None, source=self.name)
+
+    def _tree(self, logits: torch.Tensor) -> Draft:
+        tokens: list[int] = []
+        parents: list[int] = []
+        parent = -1  # the chain's last token so far
+        for j in range(self.max_draft):
+            top = torch.topk(torch.softmax(logits.float().reshape(-1), dim=-1), 2)
+            first, second = (int(t) for t in top.indices)
+            tokens.append(first)
+            parents.append(parent)
+            chain = len(tokens) - 1
+            if float(top.values[1]) >= self.SIBLING_MIN:
+                tokens.append(second)
+                parents.append(parent)
+            parent = chain
+            if j + 1 < self.max_draft:
+                logits = self._run([first], len(self.seen))
+                self.seen.append(first)
+        return Draft(tokens, source=self.name, parents=parents)
 
 
 class LookupThenSelf(Proposer):

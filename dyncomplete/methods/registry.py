@@ -37,7 +37,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("self-spec", "dyncomplete.methods.speculative", ("EXIT_LAYER|dynamic|entropy", "DRAFT_LENGTH"),
            threshold=True),
     Family("lookup+self", "dyncomplete.methods.speculative", ("EXIT_LAYER", "DRAFT_LENGTH")),
-    Family("draft-model", "dyncomplete.methods.speculative", ("ALIAS", "DRAFT_LENGTH")),
+    Family("draft-model", "dyncomplete.methods.speculative", ("ALIAS", "DRAFT_LENGTH"), {"tree": "flag"}),
     Family("retrieval", "dyncomplete.methods.speculative", ("STORE", "MAX_DRAFT"), {"tree": "flag"}),
     Family("stand", "dyncomplete.methods.speculative", ("MAX_DRAFT",), {"tree": "flag"}),
     Family("hf-generate", "dyncomplete.methods.hf_generate", ("prompt-lookup|assisted:ALIAS",), wrappable=False),

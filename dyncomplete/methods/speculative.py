@@ -12,7 +12,8 @@ Method names (parsed by `registry.parse_method`):
   self-spec:dynamic[@C]         DEL-style choice of exit layer and length, confidence stop at C
   self-spec:entropy[@H]         the same with an entropy stop at H nats (SVIP)
   lookup+self[:E[/K]]           lookup where the context matches, self-draft otherwise
-  draft-model:ALIAS[/K]         a smaller model of the same tokenizer drafts K tokens
+  draft-model:ALIAS[/K][/tree]  a smaller model of the same tokenizer drafts K tokens (/tree: with its
+                                runner-up token beside each, as one token tree)
   retrieval:STORE[/K][/tree]    the datastore STORE (`dyncomplete index`) or the context's lookup,
                                 one chain of at most K tokens (/tree: both as one token tree)
   stand[:K][/tree]              the likeliest continuations by n-gram counts (STAND), a chain of
@@ -161,7 +162,8 @@ def build(name, model) -> SpeculativeDecoding:
                                                      verify_cost=verify_cost(model), tree="tree" in name.options))
     alias = name.arg(0)
     if not alias:
-        raise ValueError("draft-model needs a model: draft-model:ALIAS[/K]")
+        raise ValueError("draft-model needs a model: draft-model:ALIAS[/K][/tree]")
     draft = load(alias, dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
-                 progress=lambda m: None)
-    return SpeculativeDecoding(DraftModelProposer(draft, model, *_ints(name.args[1:], "DRAFT_LENGTH")))
+                 progress=lambda m: None, quant=model.quant)  # the target's weight format and kernels
+    return SpeculativeDecoding(DraftModelProposer(draft, model, *_ints(name.args[1:], "DRAFT_LENGTH"),
+                                                  tree="tree" in name.options))
