@@ -97,15 +97,16 @@ def test_retrieval_tree_identical_in_bfloat16(smollm_bf16, prompts, reference_bf
 
 def test_greedy_identical_to_baseline_in_bfloat16_too(smollm_bf16, prompts, reference_bf16):
     """The default dtype on this CPU: identity rests on batch-invariant products (models/invariant.py);
-    one proposer suffices here, since the products, not the proposers, decide it."""
-    identical(methods.make_method("lookup", smollm_bf16), smollm_bf16, prompts, reference_bf16)
+    one proposer on 20 prompts suffices here, since the products, not the proposers, decide it (token
+    trees, the widest passes, have their 50 in bfloat16 above)."""
+    identical(methods.make_method("lookup", smollm_bf16), smollm_bf16, prompts[:20], reference_bf16[:20])
 
 
 def test_draft_model_drafting_for_itself_is_always_accepted(smollm, prompts, reference):
-    """On the first 20 prompts: acceptance, not identity, is the point (identity has its 50 above)."""
+    """On the first 10 prompts: acceptance, not identity, is the point (identity has its 50 above)."""
     twin = load("smollm2-135m", dtype="float32", progress=lambda m: None)
     method = SpeculativeDecoding(DraftModelProposer(twin, smollm, max_draft=4))
-    stats = identical(method, smollm, prompts[:20], reference[:20])
+    stats = identical(method, smollm, prompts[:10], reference[:10])
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
     assert drafted > 0 and accepted / drafted > 0.97  # same weights: only float near-ties differ
 
