@@ -61,6 +61,13 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as PyTor
     return (uint16_t)(u >> 16);
 }
 
+#ifdef VECTOR_512
+/* 16 bf16 values (those of mask m, zeros elsewhere) as floats. */
+static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+#endif
+
 /* -- int4 products ------------------------------------------------------------------------- */
 
 /* Inputs are quantized as llama.cpp quantizes them for its 4-bit products (Q8): per group of
@@ -125,10 +132,6 @@ static inline const uint8_t *block_levels(const linear_t *lin, int b, int g) {
 }
 
 #if defined(VECTOR_512) && defined(__AVX512VNNI__)
-static inline __m512 load_bf16x16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
 /* NB blocks of features x NR rows from block b0 and row r0. */
 static inline __attribute__((always_inline)) void tile(const linear_t *lin, int b0, int NB, qinput_t qi, int r0,
                                                        int NR, float *out) {
@@ -163,8 +166,8 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
         PRAGMA_UNROLL
         for (int c = 0; c < NB; c++) {
             size_t at = ((size_t)(b0 + c) * groups + g) * BLOCK;
-            __m512 s = load_bf16x16(lin->scales + at);
-            __m512 zero = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), s, load_bf16x16(lin->zeros + at));
+            __m512 s = load_bf16(lin->scales + at, 0xffff);
+            __m512 zero = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), s, load_bf16(lin->zeros + at, 0xffff));
             PRAGMA_UNROLL
             for (int r = 0; r < NR; r++) {
                 size_t rg = (size_t)(r0 + r) * groups + g;
@@ -291,10 +294,6 @@ static inline __m512 exp16(__m512 x) {
     y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
     y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(x, x), x), _mm512_set1_ps(1.f));
     return _mm512_scalef_ps(y, n);
-}
-
-static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 
 static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
