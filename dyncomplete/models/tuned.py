@@ -30,9 +30,13 @@ def adapter_dir(name: str) -> Path:
     return ASSETS / name / ADAPTER
 
 
+def has_adapter(name: str) -> bool:
+    return (adapter_dir(name) / "adapter_config.json").is_file()
+
+
 def shipped() -> list[str]:
     """The tuned models whose adapter ships in the assets."""
-    return [alias + SUFFIX for alias in REGISTRY if (adapter_dir(alias + SUFFIX) / "adapter_config.json").is_file()]
+    return [alias + SUFFIX for alias in REGISTRY if has_adapter(alias + SUFFIX)]
 
 
 def save_adapter(peft_model, out: Path, record: dict) -> None:
@@ -53,7 +57,7 @@ def merge_adapter(hf_model, name: str, base_sha256: str | None):
     except ImportError:
         raise ModelError(f"{name!r} needs peft to merge its adapter: pip install 'dyncomplete[train]'") from None
     folder = adapter_dir(name)
-    if not (folder / "adapter_config.json").is_file():
+    if not has_adapter(name):
         raise ModelError(f"no adapter for {name!r} in {folder}: run `dyncomplete train-lite --model {tuned_base(name)}`")
     record = json.loads((folder / RECORD).read_text())
     if base_sha256 and record.get("base_sha256") not in (None, base_sha256):
