@@ -232,9 +232,14 @@ class DraftModelProposer(Proposer):
                 probs.append(torch.nn.functional.pad(q, (0, model.vocab_size - q.shape[0])))
             tokens.append(token)
             if j + 1 < self.max_draft:
-                logits = self._run([token], len(self.seen))
-                self.seen.append(token)
+                logits = self._advance(token)
         return Draft(tokens, torch.stack(probs) if probs else None, source=self.name)
+
+    def _advance(self, token: int) -> torch.Tensor:
+        """The draft model's logits after it reads its own drafted `token`."""
+        logits = self._run([token], len(self.seen))
+        self.seen.append(token)
+        return logits
 
     def _tree(self, logits: torch.Tensor) -> Draft:
         tokens: list[int] = []
@@ -251,8 +256,7 @@ class DraftModelProposer(Proposer):
                 parents.append(parent)
             parent = chain
             if j + 1 < self.max_draft:
-                logits = self._run([first], len(self.seen))
-                self.seen.append(first)
+                logits = self._advance(first)
         return Draft(tokens, source=self.name, parents=parents)
 
 
