@@ -320,8 +320,8 @@ class FastEngine:
     def _native_layers(self) -> list:
         """decode.c's view of every layer (pointers into this engine's tensors), its dimensions and
         scratch; the layers run there for short queries on full-attention layers."""
-        if self.head_dim % 16:
-            raise ValueError(f"int4 decoding needs a head dimension divisible by 16, not {self.head_dim}")
+        if self.head_dim % 32:
+            raise ValueError(f"int4 decoding needs a head dimension divisible by 32, not {self.head_dim}")
         self.dims = native.Dims(self.model.hidden_size, self.heads, self.kv_heads, self.head_dim, self.intermediate,
                                 self.eps, self.scale)
         self.workspace = torch.empty(native.library().workspace_floats(ctypes.byref(self.dims), SHORT_QUERY))

@@ -19,6 +19,7 @@
  * head_dim)).
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,61 +299,106 @@ static inline __m512 exp16(__m512 x) {
 
 static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
 
-/* One head of one query over keys 0..prefix-1 of the cache, then the slots tail[0..ntail-1]
- * (the query's tree ancestors and itself; prefix..prefix+ntail-1 for a chain): out (d) =
- * softmax(scale * q K) V over those keys, in that order. K: (d, capacity), V: (capacity, d),
- * bf16; d a multiple of 16; scores: prefix + ntail floats of scratch. A key's score is the same
- * chain of fused multiply-adds in a vector lane or alone, and the softmax and the values run
- * over the keys packed in order: a tree's row gets the bits the same row gets in a chain. */
-static void attend(const float *q, const uint16_t *K, const uint16_t *V, int prefix, const int *tail, int ntail,
-                   int d, int capacity, float scale, float *scores, float *out) {
+/* QG heads of one query row that share one kv head (K: (d, capacity), V: (capacity, d), bf16), over
+ * keys 0..prefix-1 of the cache, then the slots tail[0..ntail-1] (the row's tree ancestors and
+ * itself; prefix..prefix+ntail-1 for a chain): out (QG, d) = softmax(scale * q K) V per head, over
+ * those keys in that order; q (QG, d); d a multiple of 32; scores: QG * (prefix + ntail) floats
+ * of scratch. Each key and value vector is loaded once for the QG heads. A (head, key) score is the
+ * same chain of fused multiply-adds in any lane, with any QG, or alone, and the softmax and the
+ * values run over the keys packed in order: a tree's row gets the bits the same row gets in a
+ * chain, and a head the bits it gets in a group of any size. */
+static inline __attribute__((always_inline)) void attend_heads(const float *q, int QG, const uint16_t *K,
+                                                               const uint16_t *V, int prefix, const int *tail,
+                                                               int ntail, int d, int capacity, float scale,
+                                                               float *scores, float *out) {
     int n = prefix + ntail;
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int j0 = 0; j0 < prefix; j0 += 64) { /* four independent 16-key chains */
-        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 mx[8];
+    PRAGMA_UNROLL
+    for (int h = 0; h < QG; h++) mx[h] = _mm512_set1_ps(-INFINITY);
+    for (int j0 = 0; j0 < prefix; j0 += 32) { /* two independent 16-key chains per head */
+        __m512 acc[8][2];
+        PRAGMA_UNROLL
+        for (int h = 0; h < QG; h++) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
+        __mmask16 m0 = tail_mask(prefix - j0), m1 = prefix - j0 > 16 ? tail_mask(prefix - j0 - 16) : 0;
         for (int i = 0; i < d; i++) {
-            __m512 qi = _mm512_set1_ps(q[i]);
-            for (int u = 0; u < 4; u++)
-                if (j0 + 16 * u < prefix)
-                    acc[u] = _mm512_fmadd_ps(
-                        qi, load_bf16(K + (size_t)i * capacity + j0 + 16 * u, tail_mask(prefix - j0 - 16 * u)), acc[u]);
+            _mm_prefetch((const char *)(K + (size_t)i * capacity + j0 + 128), _MM_HINT_T0);
+            __m512 k0 = load_bf16(K + (size_t)i * capacity + j0, m0);
+            __m512 k1 = load_bf16(K + (size_t)i * capacity + j0 + 16, m1);
+            PRAGMA_UNROLL
+            for (int h = 0; h < QG; h++) {
+                __m512 qi = _mm512_set1_ps(q[h * d + i]);
+                acc[h][0] = _mm512_fmadd_ps(qi, k0, acc[h][0]);
+                acc[h][1] = _mm512_fmadd_ps(qi, k1, acc[h][1]);
+            }
         }
-        for (int u = 0; u < 4 && j0 + 16 * u < prefix; u++) {
-            __mmask16 m = tail_mask(prefix - j0 - 16 * u);
-            __m512 sc = _mm512_mul_ps(acc[u], _mm512_set1_ps(scale));
-            _mm512_mask_storeu_ps(scores + j0 + 16 * u, m, sc);
-            mx = _mm512_mask_max_ps(mx, m, mx, sc);
+        PRAGMA_UNROLL
+        for (int h = 0; h < QG; h++) {
+            __m512 s0 = _mm512_mul_ps(acc[h][0], _mm512_set1_ps(scale));
+            __m512 s1 = _mm512_mul_ps(acc[h][1], _mm512_set1_ps(scale));
+            _mm512_mask_storeu_ps(scores + (size_t)h * n + j0, m0, s0);
+            _mm512_mask_storeu_ps(scores + (size_t)h * n + j0 + 16, m1, s1);
+            mx[h] = _mm512_mask_max_ps(mx[h], m0, mx[h], s0);
+            mx[h] = _mm512_mask_max_ps(mx[h], m1, mx[h], s1);
         }
     }
-    float top = _mm512_reduce_max_ps(mx);
-    for (int t = 0; t < ntail; t++) {
-        float acc = 0.f;
-        for (int i = 0; i < d; i++) acc = fmaf(q[i], bf16_to_f32(K[(size_t)i * capacity + tail[t]]), acc);
-        scores[prefix + t] = acc * scale;
-        top = fmaxf(top, scores[prefix + t]);
+    float inv[8];
+    for (int h = 0; h < QG; h++) {
+        float *sc = scores + (size_t)h * n, top = _mm512_reduce_max_ps(mx[h]);
+        for (int t = 0; t < ntail; t++) {
+            float acc = 0.f;
+            for (int i = 0; i < d; i++) acc = fmaf(q[h * d + i], bf16_to_f32(K[(size_t)i * capacity + tail[t]]), acc);
+            sc[prefix + t] = acc * scale;
+            top = fmaxf(top, sc[prefix + t]);
+        }
+        __m512 vtop = _mm512_set1_ps(top), sum = _mm512_setzero_ps();
+        for (int j = 0; j < n; j += 16) {
+            __mmask16 m = tail_mask(n - j);
+            __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), vtop));
+            _mm512_mask_storeu_ps(sc + j, m, e);
+            sum = _mm512_mask_add_ps(sum, m, sum, e);
+        }
+        inv[h] = 1.f / _mm512_reduce_add_ps(sum);
     }
-    __m512 vtop = _mm512_set1_ps(top), sum = _mm512_setzero_ps();
-    for (int j = 0; j < n; j += 16) {
-        __mmask16 m = tail_mask(n - j);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), vtop));
-        _mm512_mask_storeu_ps(scores + j, m, e);
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
-    }
-    __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
-    for (int i0 = 0; i0 < d; i0 += 64) { /* up to four 16-wide slices of the output at a time */
-        int nv = (d - i0) / 16 < 4 ? (d - i0) / 16 : 4;
-        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int i0 = 0; i0 < d; i0 += 32) { /* 32-wide slices of the output, each value vector loaded once */
+        __m512 acc[8][2];
+        PRAGMA_UNROLL
+        for (int h = 0; h < QG; h++) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
         for (int j = 0; j < n; j++) {
-            __m512 p = _mm512_set1_ps(scores[j]);
             const uint16_t *row = V + (size_t)(j < prefix ? j : tail[j - prefix]) * d + i0;
-            for (int u = 0; u < nv; u++) acc[u] = _mm512_fmadd_ps(p, load_bf16(row + 16 * u, 0xffff), acc[u]);
+            __m512 v0 = load_bf16(row, 0xffff), v1 = load_bf16(row + 16, 0xffff);
+            PRAGMA_UNROLL
+            for (int h = 0; h < QG; h++) {
+                __m512 p = _mm512_set1_ps(scores[(size_t)h * n + j]);
+                acc[h][0] = _mm512_fmadd_ps(p, v0, acc[h][0]);
+                acc[h][1] = _mm512_fmadd_ps(p, v1, acc[h][1]);
+            }
         }
-        for (int u = 0; u < nv; u++) _mm512_storeu_ps(out + i0 + 16 * u, _mm512_mul_ps(acc[u], inv));
+        PRAGMA_UNROLL
+        for (int h = 0; h < QG; h++) {
+            _mm512_storeu_ps(out + (size_t)h * d + i0, _mm512_mul_ps(acc[h][0], _mm512_set1_ps(inv[h])));
+            _mm512_storeu_ps(out + (size_t)h * d + i0 + 16, _mm512_mul_ps(acc[h][1], _mm512_set1_ps(inv[h])));
+        }
+    }
+}
+
+#define ATTEND_CASE(N) \
+    case N: \
+        attend_heads(q, N, K, V, prefix, tail, ntail, d, capacity, scale, scores, out); \
+        break;
+/* G heads sharing one kv head, in groups of up to 8 (each group with a constant size, so that its
+ * accumulators stay in registers). */
+static void attend(const float *q, int G, const uint16_t *K, const uint16_t *V, int prefix, const int *tail,
+                   int ntail, int d, int capacity, float scale, float *scores, float *out) {
+    for (int g0 = 0; g0 < G; g0 += 8, q += 8 * d, out += 8 * d) {
+        switch (G - g0 < 8 ? G - g0 : 8) {
+            ATTEND_CASE(1) ATTEND_CASE(2) ATTEND_CASE(3) ATTEND_CASE(4) ATTEND_CASE(5) ATTEND_CASE(6)
+            ATTEND_CASE(7) ATTEND_CASE(8)
+        }
     }
 }
 #else
-static void attend(const float *q, const uint16_t *K, const uint16_t *V, int prefix, const int *tail, int ntail,
-                   int d, int capacity, float scale, float *scores, float *out) {
+static void attend_head(const float *q, const uint16_t *K, const uint16_t *V, int prefix, const int *tail, int ntail,
+                        int d, int capacity, float scale, float *scores, float *out) {
     int n = prefix + ntail;
     for (int j = 0; j < n; j++) scores[j] = 0.f;
     for (int i = 0; i < d; i++)
@@ -365,6 +411,11 @@ static void attend(const float *q, const uint16_t *K, const uint16_t *V, int pre
     for (int j = 0; j < n; j++)
         for (int i = 0; i < d; i++) out[i] += scores[j] * bf16_to_f32(V[(size_t)(j < prefix ? j : tail[j - prefix]) * d + i]);
     for (int i = 0; i < d; i++) out[i] /= sum;
+}
+
+static void attend(const float *q, int G, const uint16_t *K, const uint16_t *V, int prefix, const int *tail,
+                   int ntail, int d, int capacity, float scale, float *scores, float *out) {
+    for (int h = 0; h < G; h++) attend_head(q + h * d, K, V, prefix, tail, ntail, d, capacity, scale, scores, out + h * d);
 }
 #endif
 
@@ -387,26 +438,30 @@ static void swiglu(const float *gate, const float *up, int n, float *out) {
  * the first row) or parent == NULL for a chain (row r - 1). q (rows, heads, d) float32. */
 static void attention(const dims_t *dm, const float *q, int rows, int start, const int *parent, const uint16_t *keys,
                       const uint16_t *values, int capacity, float *out) {
-    int H = dm->heads, d = dm->head_dim, G = dm->heads / dm->kv_heads;
+    int H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, G = dm->heads / dm->kv_heads;
+    /* Tasks: a row's heads that read one kv head, split in `parts` so that the threads get equal
+     * shares where they can (SmolLM2, 3 kv heads, one row: 6 tasks of 1-2 heads for 2 threads). */
+    int parts = 1, threads = omp_get_max_threads();
+    while ((rows * KV * parts) % threads && parts < G) parts++;
 #pragma omp parallel
     {
-        float *scores = malloc(sizeof(float) * (size_t)(start + rows));
+        float *scores = malloc(sizeof(float) * (size_t)(G < 8 ? G : 8) * (start + rows));
         int *tail = malloc(sizeof(int) * (size_t)rows);
-#pragma omp for collapse(2) schedule(static)
-        for (int r = 0; r < rows; r++)
-            for (int h = 0; h < H; h++) {
-                int ntail = 0;
-                for (int a = r; a >= 0; a = parent ? parent[a] : a - 1) tail[ntail++] = a; /* r, its parent, ... */
-                for (int i = 0; i < ntail / 2; i++) { /* oldest first */
-                    int t = tail[i];
-                    tail[i] = tail[ntail - 1 - i], tail[ntail - 1 - i] = t;
-                }
-                for (int i = 0; i < ntail; i++) tail[i] += start;
-                int kv = h / G;
-                attend(q + ((size_t)r * H + h) * d, keys + (size_t)kv * d * capacity,
-                       values + (size_t)kv * capacity * d, start, tail, ntail, d, capacity, dm->scale, scores,
-                       out + ((size_t)r * H + h) * d);
+#pragma omp for schedule(static)
+        for (int task = 0; task < rows * KV * parts; task++) {
+            int r = task / (KV * parts), kv = task / parts % KV, part = task % parts;
+            int h0 = kv * G + part * G / parts, h1 = kv * G + (part + 1) * G / parts; /* heads h0..h1 - 1 */
+            int ntail = 0;
+            for (int a = r; a >= 0; a = parent ? parent[a] : a - 1) tail[ntail++] = a; /* r, its parent, ... */
+            for (int i = 0; i < ntail / 2; i++) { /* oldest first */
+                int t = tail[i];
+                tail[i] = tail[ntail - 1 - i], tail[ntail - 1 - i] = t;
             }
+            for (int i = 0; i < ntail; i++) tail[i] += start;
+            attend(q + ((size_t)r * H + h0) * d, h1 - h0, keys + (size_t)kv * d * capacity,
+                   values + (size_t)kv * capacity * d, start, tail, ntail, d, capacity, dm->scale, scores,
+                   out + ((size_t)r * H + h0) * d);
+        }
         free(tail);
         free(scores);
     }
