@@ -121,3 +121,22 @@ def test_bandwidth_counts_the_gguf_tensors_llama_cpp_reads(greedy):
     assert "output.weight" not in tensors  # SmolLM2's head is its token embedding: all of it is read
     assert greedy.weight_bytes() == sum(tensors.values())
     assert 90e6 < greedy.weight_bytes() < greedy.gguf.stat().st_size  # Q4_1/Q8_0 weights, no metadata
+
+
+def test_cache_prompt_prefills_only_what_follows_the_shared_prefix(llama_cpp, smollm, prompts):
+    """`llama-cpp:cache-prompt` keeps its KV cache between requests where the caller keeps a prefix
+    cache (the server passes one), as llama-server does: a request that extends the previous prompt
+    feeds only the new tokens; without a cache it prefills all. (Its tokens may differ from a full
+    prefill's: llama.cpp's numbers depend on the batch split, as its server README says.)"""
+    cached = make_method("llama-cpp:cache-prompt", smollm)
+    params = GenerationParams(max_new_tokens=8)
+    ids = prompts[0]
+    first = cached.generate(smollm, ids[:-10], params, cache=smollm.new_cache())
+    assert first.stats.cached_prompt_tokens == 0
+    second = cached.generate(smollm, ids, params, cache=smollm.new_cache())
+    assert len(ids) - 10 <= second.stats.cached_prompt_tokens < len(ids)  # (+ what it wrote that the text has)
+    assert second.stats.new_tokens == 8 and second.text
+    assert second.stats.layer_evals == smollm.num_layers * second.stats.new_tokens  # prompt work not counted
+    assert cached.generate(smollm, ids, params).stats.cached_prompt_tokens == 0  # no cache passed: all prefilled
+    other = cached.generate(smollm, prompts[1], params, cache=smollm.new_cache())  # nothing shared
+    assert other.stats.cached_prompt_tokens < 5

@@ -1,9 +1,15 @@
 """llama.cpp, through llama-cpp-python, as a reference decoding method: the model's own GGUF file,
 quantised as published, run by the usual CPU engine for local models.
 
-Names: `llama-cpp` (greedy decoding) and `llama-cpp:prompt-lookup` (llama-cpp-python's
+Names: `llama-cpp` (greedy decoding), `llama-cpp:prompt-lookup` (llama-cpp-python's
 `LlamaPromptLookupDecoding` draft model with `num_pred_tokens=10` and `max_ngram_size=2`, the
-values of HF's prompt lookup). Needs the `reference` extra: `bash install-reference.sh` (see it for why not AMX).
+values of HF's prompt lookup) and `llama-cpp:cache-prompt` (greedy decoding that keeps the KV
+cache of the previous request and prefills only what follows the longest common prefix, as
+llama-server does with `cache_prompt`, its default: the like-for-like reference for an editor
+session against our server's prefix cache). It keeps it where the caller passes a KV cache (the
+server, for a request with its prefix cache on); without one (`bench`, `"prefix_cache": false`)
+it prefills the whole prompt, as `llama-cpp` does. Like llama-server's, its completions can
+differ from a full prefill's: llama.cpp's logits depend on how the prompt was split in batches. Needs the `reference` extra: `bash install-reference.sh` (see it for why not AMX).
 
 What is the same as every other method:
 - the prompt: the method gets our tokenizer's ids and hands them to llama.cpp as they are (no
@@ -37,8 +43,10 @@ then a seeded draw (`params.seed`, else 0); llama.cpp applies top-p before the t
 after, so top_p < 1 is refused rather than sampled from another distribution.
 
 Timing: `Llama.generate` evaluates the whole prompt (`Llama.reset()` first: no prefix reuse
-between calls, as in our other methods), samples, and only then yields the first token; prefill
-is the time until that first token is yielded, decode the rest. Work: `Llama.eval` is wrapped on
+between calls, as in our other methods; `cache-prompt` skips the reset and llama-cpp-python
+evaluates only the prompt past the longest prefix its cache shares with it), samples, and only
+then yields the first token; prefill is the time until that first token is yielded, decode the
+rest, and the prompt tokens not fed before it count as `cached_prompt_tokens`. Work: `Llama.eval` is wrapped on
 the instance, so every batch fed to the model is counted: layer_evals = num_layers x tokens fed
 after the prompt (+1 for the prompt's last position, as in `hf-generate`), head_evals likewise.
 In prompt-lookup every eval after the prompt is one verification step: drafted = the batch less
@@ -119,7 +127,7 @@ class LlamaCpp(DecodingMethod):
 
     def __init__(self, model, mode: str = ""):
         self.lib = import_llama_cpp()
-        self.mode = mode  # "" or "prompt-lookup"
+        self.mode = mode  # "", "prompt-lookup" or "cache-prompt"
         self.gguf = gguf_path_of(model)
         self.model_name = model.name
         self.llm = None
@@ -188,28 +196,31 @@ class LlamaCpp(DecodingMethod):
 
     def generate(self, model, prompt_ids, params, cache=None, on_text=None, cancelled=None) -> Completion:
         with self.lock:
-            return self._generate(model, prompt_ids, params, on_text, cancelled)
+            return self._generate(model, prompt_ids, params, on_text, cancelled,
+                                  keep=self.mode == "cache-prompt" and cache is not None)
 
-    def _generate(self, model, prompt_ids, params, on_text, cancelled) -> Completion:
+    def _generate(self, model, prompt_ids, params, on_text, cancelled, keep: bool) -> Completion:
         if not prompt_ids:
             raise ValueError("empty prompt: nothing to complete")
         if params.token_healing:
             raise ValueError("llama-cpp does not support token healing")
         sampling = self._sampling(params)
         llm = self._llama(model, len(prompt_ids) + params.max_new_tokens + PROMPT_LOOKUP_TOKENS + 1)
-        llm.reset()  # no KV reuse from the previous call: the whole prompt is prefilled, as elsewhere
+        if not keep:
+            llm.reset()  # no KV reuse from the previous call: the whole prompt is prefilled, as elsewhere
         llm.set_seed(params.seed if params.seed is not None else 0)
         stats = Stats(model=model.name, method=self.name, prompt_tokens=len(prompt_ids))
         emitter = Emitter(model.tokenizer, params, eos_ids_of(model), stats, on_text, cancelled)
         self.fed, self.yielded = [], []
-        first = None
+        first, prefilled = None, 0
         start = time.perf_counter()
         tokens = llm.generate(list(prompt_ids), reset=True, **sampling)
         try:
             for token in tokens:
                 if first is None:
-                    first = time.perf_counter()
-                self.yielded[-1] += 1
+                    first, prefilled = time.perf_counter(), sum(self.fed)
+                if self.fed:  # (cache-prompt, the whole prompt cached: its first token comes with no eval)
+                    self.yielded[-1] += 1
                 if emitter.emit(int(token), model.num_layers, "full"):
                     break
         finally:
@@ -217,9 +228,11 @@ class LlamaCpp(DecodingMethod):
         end = time.perf_counter()
         if not emitter.done:
             emitter.finish("max_tokens")
-        first = first or end
+        if first is None:  # nothing was yielded: all that was fed was the prompt
+            first, prefilled = end, sum(self.fed)
         stats.prefill_s, stats.decode_s = first - start, end - first
-        decode_tokens = sum(self.fed) - len(prompt_ids) + 1  # +1: the prompt's last position (as in baseline)
+        stats.cached_prompt_tokens = max(len(prompt_ids) - prefilled, 0)
+        decode_tokens = sum(self.fed) - prefilled + 1  # +1: the prompt's last position (as in baseline)
         stats.count_full_steps(decode_tokens, model.num_layers)
         if self.mode == "prompt-lookup":
             for fed, yielded in zip(self.fed[1:], self.yielded[1:]):
@@ -229,6 +242,7 @@ class LlamaCpp(DecodingMethod):
 
 def build(name, model) -> LlamaCpp:
     variant = name.arg(0)
-    if variant not in ("", "prompt-lookup"):
-        raise ValueError(f"unknown llama-cpp variant {variant!r}: use llama-cpp or llama-cpp:prompt-lookup")
+    if variant not in ("", "prompt-lookup", "cache-prompt"):
+        raise ValueError(f"unknown llama-cpp variant {variant!r}: use llama-cpp, llama-cpp:prompt-lookup or "
+                         "llama-cpp:cache-prompt")
     return LlamaCpp(model, variant)

@@ -191,10 +191,10 @@ class Worker:
         prompt = build_prompt(self.model.tokenizer, job.prefix, job.suffix, budget, context)
         if job.cancelled():  # tokenising counts against the deadline too
             raise _Skipped
-        cache = None
+        cache = None  # no prefix cache for this request: the method prefills the whole prompt
         if job.use_cache:
             cache, _ = self.prefix_cache.lookup(prompt.ids)
-        cache = cache if cache is not None else self.model.new_cache()
+            cache = cache if cache is not None else self.model.new_cache()
         params, history = job.params, None
         if job.history is not None and self.client_history is not None:
             history = self.client_history
