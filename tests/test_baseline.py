@@ -34,11 +34,13 @@ def strip_eos(tokens, eos):
 
 @pytest.mark.model
 @pytest.mark.parametrize("fixture", ["smollm", "smollm_bf16", "qwen05"])
-def test_greedy_identical_to_generate_on_20_stdlib_prompts(fixture, request):
+def test_greedy_identical_to_generate_on_stdlib_prompts(fixture, request):
+    """20 prompts in bfloat16, where near-ties may differ; 10 in float32, where one difference fails."""
     model = request.getfixturevalue(fixture)
     n_new = 24 if model.num_layers == 30 else 12
-    prompts = stdlib_prompts(20)
-    assert len(prompts) == 20
+    n = 10 if model.dtype == torch.float32 else 20
+    prompts = stdlib_prompts(n)
+    assert len(prompts) == n
     eos = eos_ids_of(model)
     differ = []
     for text in prompts:
