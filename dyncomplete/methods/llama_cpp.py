@@ -9,7 +9,8 @@ llama-server does with `cache_prompt`, its default: the like-for-like reference 
 session against our server's prefix cache). It keeps it where the caller passes a KV cache (the
 server, for a request with its prefix cache on); without one (`bench`, `"prefix_cache": false`)
 it prefills the whole prompt, as `llama-cpp` does. Like llama-server's, its completions can
-differ from a full prefill's: llama.cpp's logits depend on how the prompt was split in batches. Needs the `reference` extra: `bash install-reference.sh` (see it for why not AMX).
+differ from a full prefill's: llama.cpp's logits depend on how the prompt was split in batches.
+Needs the `reference` extra: `bash install-reference.sh` (see it for why not AMX).
 
 What is the same as every other method:
 - the prompt: the method gets our tokenizer's ids and hands them to llama.cpp as they are (no
@@ -46,9 +47,10 @@ Timing: `Llama.generate` evaluates the whole prompt (`Llama.reset()` first: no p
 between calls, as in our other methods; `cache-prompt` skips the reset and llama-cpp-python
 evaluates only the prompt past the longest prefix its cache shares with it), samples, and only
 then yields the first token; prefill is the time until that first token is yielded, decode the
-rest, and the prompt tokens not fed before it count as `cached_prompt_tokens`. Work: `Llama.eval` is wrapped on
-the instance, so every batch fed to the model is counted: layer_evals = num_layers x tokens fed
-after the prompt (+1 for the prompt's last position, as in `hf-generate`), head_evals likewise.
+rest, and the prompt tokens not fed before it count as `cached_prompt_tokens`. Work:
+`Llama.eval` is wrapped on the instance, so every batch fed to the model is counted: layer_evals
+= num_layers x tokens fed after the prompt (+1 for the prompt's last position, as in
+`hf-generate`), head_evals likewise.
 In prompt-lookup every eval after the prompt is one verification step: drafted = the batch less
 its first token, accepted = tokens yielded from that batch less one (the last step may be cut
 short by the emitter, so its accepted count is what the emitter took).

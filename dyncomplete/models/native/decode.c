@@ -321,6 +321,7 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, i
         for (int h = 0; h < QG; h++) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
         __mmask16 m0 = tail_mask(prefix - j0), m1 = prefix - j0 > 16 ? tail_mask(prefix - j0 - 16) : 0;
         for (int i = 0; i < d; i++) {
+            /* key row i, 4 blocks ahead: the hardware prefetchers do not follow d rows at once */
             _mm_prefetch((const char *)(K + (size_t)i * capacity + j0 + 128), _MM_HINT_T0);
             __m512 k0 = load_bf16(K + (size_t)i * capacity + j0, m0);
             __m512 k1 = load_bf16(K + (size_t)i * capacity + j0 + 16, m1);
