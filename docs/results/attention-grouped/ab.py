@@ -1,18 +1,21 @@
-"""Paired A/B of two decode.c builds (/tmp/att/decode.old.c, decode.new.c) in one process: passes of 1, 8
-and 16 positions after C cached tokens, builds alternating every pass (the same noise for both), outputs
-checked equal bit for bit. Prints medians and the new/old ratio. Usage: python ab.py MODEL RUNS"""
-import statistics, sys, time, torch
+"""Paired A/B of two decode.c builds in one process: passes of 1, 8 and 16 positions after C cached
+tokens, builds alternating every pass (the same noise for both), outputs checked equal bit for bit.
+Prints medians and the new/old ratio.
+
+Usage: python ab.py MODEL RUNS OLD.c NEW.c, e.g. with
+git show ea2b394:dyncomplete/models/native/decode.c > /tmp/old.c (NEW.c: the current decode.c)."""
+import hashlib, statistics, sys, tempfile, time, torch
 from pathlib import Path
 from dyncomplete.models import load, native
-libs = {}
-for v in ("old", "new"):
-    so = Path(f"/tmp/att/{v}.so")  # built from /tmp/att/decode.{v}.c on first use
-    src = native.SOURCE
-    native.SOURCE = Path(f"/tmp/att/decode.{v}.c")
+libs, build = {}, Path(tempfile.mkdtemp())
+for v, source in zip(("old", "new"), sys.argv[3:5]):
+    source = Path(source)
+    so = build / f"{hashlib.sha256(source.read_bytes()).hexdigest()[:16]}.so"  # never a stale build
+    original, native.SOURCE = native.SOURCE, source  # compile_library compiles native.SOURCE
     libs[v] = native.compile_library(so)
-    native.SOURCE = src
+    native.SOURCE = original
 model = load(sys.argv[1], progress=lambda m: None, quant="int4")
-runs = int(sys.argv[2]) if len(sys.argv) > 2 else 9
+runs = int(sys.argv[2])
 with torch.inference_mode():
     for ctx in (256, 1024, 2048):
         ids = torch.arange(ctx + 16) % 1000 + 10
