@@ -12,6 +12,22 @@ import sys
 from . import __version__, commands
 from .models import ModelError
 
+# the optional modules, by the extra (pyproject.toml) that installs them
+EXTRAS = {
+    "matplotlib": "bench", "rapidfuzz": "bench", "rouge_score": "bench", "sacrebleu": "bench", "httpx": "bench",
+    "gymnasium": "train", "stable_baselines3": "train", "peft": "train",
+    "pynvml": "gpu", "llama_cpp": "reference",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The one-line error for a module that an extra installs, or None for any other."""
+    module = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(module)
+    if extra is None:
+        return None
+    return f"{module} is missing: install the {extra!r} extra (pip install 'dyncomplete[{extra}]')"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dyncomplete", description=__doc__.split("\n")[0])
@@ -25,9 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.run(args) or 0
+    except ModuleNotFoundError as exc:
+        message = missing_extra(exc)
+        if message is None:
+            raise
+        print(f"dyncomplete: error: {message}", file=sys.stderr)
+        return 2
     except (ModelError, ValueError, FileNotFoundError) as exc:
         print(f"dyncomplete: error: {exc}", file=sys.stderr)
         return 2
