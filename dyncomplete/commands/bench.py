@@ -4,6 +4,7 @@ summary.json, report.md and plots to --out (rerun the same command to resume).""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,7 +54,8 @@ def run(args) -> int:
               "editor_guards": args.editor_guards}
     records = run_bench(model, dataset, names, out, meter, config, args.context_budget, progress=not args.no_progress,
                         repo_context=args.repo_context == "on", editor_guards=args.editor_guards == "on")
-    header = {**config, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
+    header = {**config, "command": shlex.join(["dyncomplete", *sys.argv[1:]]),
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
               "threads": torch.get_num_threads(), "memory_bandwidth_gbs": machine_bandwidth(),
               "energy_source": meter.source, "energy_formula": meter.formula,
               "dataset_notes": dataset.notes, "sweeps": sweeps}

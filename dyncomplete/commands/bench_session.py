@@ -4,7 +4,9 @@ and off in one run, and report latency, time to first token, cache share and acc
 from __future__ import annotations
 
 import json
+import shlex
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ._common import add_model_options
@@ -44,7 +46,10 @@ def print_table(report: dict) -> None:
 def run(args) -> int:
     import signal
 
+    import torch
+
     from ..bench.launch import running_server
+    from ..paths import cpu_name
 
     # A terminated benchmark must still stop the server it started (the context manager's exit).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -69,6 +74,8 @@ def run(args) -> int:
                    "--quant", args.quant, "--context-budget", str(args.context_budget), "--log-level", "error"]
         with running_server(args.model, *options) as (url, _):
             report = go(url, None)
+    report |= {"command": shlex.join(["dyncomplete", *sys.argv[1:]]), "cpu": cpu_name(),
+               "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     if args.json:

@@ -1,0 +1,226 @@
+"""Results tables in Markdown files, rendered from the runs that made them.
+
+A table is a block in a Markdown file:
+
+    <!-- table bench results/speed-smollm2-135m-line-py results/qwen-line-py[baseline;lookup] columns=method,es,tok_s -->
+    ...rendered lines...
+    <!-- end table -->
+
+`bench` reads each run folder's summary.json (`RUN[m1;m2]` keeps those methods, in that order);
+`session` reads `bench-session` JSON reports (`FILE[row;row]` keeps those rows). Paths are
+relative to the Markdown file. `render_file` rewrites every block from the runs; the text between
+blocks is left alone. Above each table go the command, the machine and the date of every run in it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+BLOCK = re.compile(r"(<!-- table (?P<spec>.+?) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+SOURCE = re.compile(r"^(?P<path>[^\[\]]+)(?:\[(?P<keep>[^\]]*)\])?$")
+
+
+def _pct(v):
+    return f"{100 * v:.0f}%"
+
+
+def _fixed(digits):
+    return lambda v: f"{v:.{digits}f}"
+
+
+def _ratio(v):
+    return f"{v:.2f}x"
+
+
+def _signed_pct(v):
+    return f"{100 * v:+.1f}%"
+
+
+def _vs_baseline(key):
+    """The row's `key` relative to its run's baseline (None without one)."""
+    def change(r):
+        base = r["run"]["methods"].get("baseline")
+        return r[key] / base[key] - 1 if base and base.get(key) else None
+    return change
+
+
+def _quality(m):
+    if m.get("pass_at_1") is not None:
+        return f"pass@1 {m['pass_at_1']:.1f}"
+    return f"ES {m['es']:.1f}"
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    value: object  # a key of the row, or a function of the row
+    fmt: object = str
+    align: str = "---:"
+
+
+# bench: a row is one method's entry of summary.json, plus the run header under "run"
+BENCH_COLUMNS = {
+    "run": Column("run", lambda r: r["folder"], align="---"),
+    "model": Column("model", lambda r: r["run"]["model"], align="---"),
+    "set": Column("set (n)", lambda r: f"{r['run']['dataset']} ({r['n']})", align="---"),
+    "method": Column("method", lambda r: f"`{r['method']}`", align="---"),
+    "quality": Column("quality", _quality),
+    "es": Column("ES", "es", _fixed(1)),
+    "em": Column("EM", "em", _fixed(1)),
+    "rouge_l": Column("ROUGE-L", "rouge_l", _fixed(3)),
+    "pass_at_1": Column("pass@1", "pass_at_1", _fixed(1)),
+    "weights": Column("weights", lambda r: r["run"].get("quant") or "none", align="---"),
+    "tok_s": Column("decode tok/s", "tokens_per_s", _fixed(1)),
+    "ms_token": Column("decode ms/token", "decode_ms_per_token", _fixed(1)),
+    "compute": Column("compute per token", "compute_per_token", _fixed(2)),
+    "prefill_tok_s": Column("prefill tok/s", "prefill_tokens_per_s", _fixed(0)),
+    "x_baseline": Column("decode vs baseline", "speedup_vs_baseline", _ratio),
+    "e2e_x_baseline": Column("end to end vs baseline", "e2e_speedup_vs_baseline", _ratio),
+    "layers": Column("layers per token", "layer_evals_per_token", _fixed(1)),
+    "energy": Column("J per token", "energy_j_per_token", _fixed(3)),
+    "energy_vs_baseline": Column("energy vs baseline", _vs_baseline("energy_j_per_token"), _signed_pct),
+    "rouge_l_vs_baseline": Column("ROUGE-L vs baseline", _vs_baseline("rouge_l"), _signed_pct),
+    "same": Column("same as baseline", "identical_to_baseline", _pct),
+    "bandwidth": Column("bandwidth", "bandwidth_share", _pct),
+    "acceptance": Column("drafts accepted", "acceptance_rate", _pct),
+    "accepted_length": Column("tokens per verification", "mean_accepted_length", _fixed(2)),
+}
+BENCH_DEFAULT = ("model", "set", "method", "quality", "tok_s", "x_baseline", "same")
+
+# session: a row is one row of a bench-session report, plus the report under "run"
+SESSION_COLUMNS = {
+    "model": Column("model", lambda r: r["run"]["model"], align="---"),
+    "method": Column("method", lambda r: f"`{r['run']['method']}`", align="---"),
+    "row": Column("row", lambda r: r["row"], align="---"),
+    "n": Column("requests", "requests"),
+    "p50": Column("p50 ms", "p50_ms", _fixed(0)),
+    "p95": Column("p95 ms", "p95_ms", _fixed(0)),
+    "ttft_p50": Column("first token p50 ms", "ttft_p50_ms", _fixed(0)),
+    "ttft_p95": Column("first token p95 ms", "ttft_p95_ms", _fixed(0)),
+    "cached": Column("prompt cached", "cached_prompt_share", _pct),
+    "prompt_tokens": Column("prompt tokens", "mean_prompt_tokens", _fixed(0)),
+    "decode_ms": Column("decode ms/token", "decode_ms_per_token", _fixed(1)),
+    "exact": Column("lines exact", lambda r: f"{r['accepted']} of {r['requests']}"),
+    "es": Column("ES", "es", _fixed(1)),
+    "chunks": Column("context chunks", "mean_context_chunks", _fixed(1)),
+}
+SESSION_DEFAULT = ("model", "method", "row", "n", "p50", "p95", "ttft_p50", "cached", "exact")
+
+
+def _cell(column: Column, row: dict) -> str:
+    value = column.value(row) if callable(column.value) else row.get(column.value)
+    return "–" if value is None else column.fmt(value)
+
+
+def _table(columns: list[Column], rows: list[dict]) -> list[str]:
+    lines = ["| " + " | ".join(c.title for c in columns) + " |",
+             "|" + "|".join(c.align for c in columns) + "|"]
+    lines += ["| " + " | ".join(_cell(c, r) for c in columns) + " |" for r in rows]
+    return lines
+
+
+def bench_command(run: dict, methods: list[str]) -> str:
+    """The recorded command, or for runs that predate recording, one rebuilt from their settings."""
+    if run.get("command"):
+        return run["command"]
+    parts = ["dyncomplete", "bench", "--model", run["model"], "--dataset", run["dataset"], "--limit", str(run["n"])]
+    for key, flag, default in (("quant", "--quant", "none"), ("context_budget", "--context-budget", 1024),
+                               ("repo_context", "--repo-context", "on"), ("editor_guards", "--editor-guards", "off")):
+        if run.get(key) not in (None, default):
+            parts += [flag, str(run[key])]
+    return shlex.join(parts + ["--methods", ",".join(methods)])
+
+
+def session_command(report: dict) -> str:
+    if report.get("command"):
+        return report["command"]
+    parts = ["dyncomplete", "bench-session", "--model", report["model"], "--method", report["method"],
+             "--lines", str(report["pauses"] // len(report["files"]))]
+    if report.get("context_files"):
+        parts += ["--context-files", str(report["context_files"])]
+    if not report.get("token_healing", True):
+        parts += ["--token-healing", "off"]
+    return shlex.join(parts) + "` typing `" + ", ".join(Path(f).name for f in report["files"])
+
+
+def _provenance(command: str, run: dict, recorded: bool) -> str:
+    machine = f"{run['cpu']}, {run['threads']} threads" if run.get("cpu") else "machine not recorded"
+    date = run.get("date") or "date not recorded"
+    label = "" if recorded else " (rebuilt from the run's settings)"
+    return f"- `{command}`{label}: {machine}, {date}"
+
+
+def _sources(spec: list[str], base: Path):
+    for token in spec:
+        match = SOURCE.match(token)
+        if not match:
+            raise ValueError(f"table source {token!r}: expected PATH or PATH[a;b]")
+        keep = [k for k in (match["keep"] or "").split(";") if k]
+        yield base / match["path"], keep
+
+
+def render_bench(sources, column_names) -> list[str]:
+    rows, notes = [], []
+    for folder, keep in sources:
+        run = json.loads((folder / "summary.json").read_text())
+        methods = keep or list(run["methods"])
+        unknown = [m for m in methods if m not in run["methods"]]
+        if unknown:
+            raise ValueError(f"{folder}: no method {', '.join(unknown)} in summary.json")
+        notes.append(_provenance(bench_command(run, list(run["methods"])), run, bool(run.get("command"))))
+        rows += [{**run["methods"][m], "method": m, "run": run, "folder": folder.name} for m in methods]
+    columns = [BENCH_COLUMNS[c] for c in column_names or BENCH_DEFAULT]
+    return notes + [""] + _table(columns, rows)
+
+
+def render_session(sources, column_names) -> list[str]:
+    rows, notes = [], []
+    for path, keep in sources:
+        report = json.loads(path.read_text())
+        names = keep or list(report["rows"])
+        unknown = [n for n in names if n not in report["rows"]]
+        if unknown:
+            raise ValueError(f"{path}: no row {', '.join(unknown)}")
+        notes.append(_provenance(session_command(report), report, bool(report.get("command"))))
+        rows += [{**report["rows"][n], "row": n, "run": report} for n in names]
+    columns = [SESSION_COLUMNS[c] for c in column_names or SESSION_DEFAULT]
+    return notes + [""] + _table(columns, rows)
+
+
+KINDS = {"bench": (render_bench, BENCH_COLUMNS), "session": (render_session, SESSION_COLUMNS)}
+
+
+def render_block(spec: str, base: Path) -> str:
+    words = shlex.split(spec)
+    kind, rest = words[0], words[1:]
+    if kind not in KINDS:
+        raise ValueError(f"table kind {kind!r}: use {', '.join(KINDS)}")
+    render, known = KINDS[kind]
+    columns = [c for w in rest if w.startswith("columns=") for c in w.removeprefix("columns=").split(",")]
+    unknown = [c for c in columns if c not in known]
+    if unknown:
+        raise ValueError(f"{kind} table: unknown column {', '.join(unknown)}; known: {', '.join(known)}")
+    lines = render(list(_sources([w for w in rest if not w.startswith("columns=")], base)), columns)
+    return "\n".join(lines) + "\n"
+
+
+def render_text(text: str, base: Path) -> str:
+    return BLOCK.sub(lambda m: m.group(1) + render_block(m["spec"], base) + m.group(4), text)
+
+
+def render_file(path: Path) -> bool:
+    """Rewrite the file's tables from their runs; True when something changed."""
+    text = path.read_text()
+    new = render_text(text, path.parent)
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
+def stale_files(paths: list[Path]) -> list[Path]:
+    """The files whose tables differ from what their runs render."""
+    return [p for p in paths if render_text(p.read_text(), p.parent) != p.read_text()]
