@@ -1,6 +1,6 @@
 """Results tables in Markdown files, rendered from the runs that made them.
 
-A table is a block in a Markdown file:
+A table is a block in a Markdown file, its two marker lines at the start of a line:
 
     <!-- table bench results/speed-smollm2-135m-line-py results/qwen-line-py[baseline;lookup] columns=method,es,tok_s -->
     ...rendered lines...
@@ -20,7 +20,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-BLOCK = re.compile(r"(<!-- table (?P<spec>.+?) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+BLOCK = re.compile(r"^(<!-- table (?P<spec>[^\n]+?) -->\n)(?P<body>.*?)^(<!-- end table -->)", re.S | re.M)
 SOURCE = re.compile(r"^(?P<path>[^\[\]]+)(?:\[(?P<keep>[^\]]*)\])?$")
 
 
