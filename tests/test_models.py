@@ -14,7 +14,8 @@ import pytest
 
 from dyncomplete.cli import main
 from dyncomplete.models import ModelError, load, registered_gguf, registry
-from dyncomplete.models.loading import DIGEST_FILE, prepare_registered, resolve
+from dyncomplete.models.integrity import DIGEST_FILE
+from dyncomplete.models.loading import prepare_registered, resolve
 
 REAL_SMOLLM_DIR = registry.cached_dir("smollm2-135m")  # before any test points the cache elsewhere
 

