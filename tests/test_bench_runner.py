@@ -69,13 +69,13 @@ def test_bandwidth_achieved_is_weight_bytes_times_tokens_per_second():
 def test_copy_bandwidth_and_weight_bytes():
     import torch
 
-    from dyncomplete.bench.bandwidth import measure_copy_bandwidth, weight_bytes
+    from dyncomplete.bench.bandwidth import measure_copy_bandwidth
+    from dyncomplete.models.hf import module_weight_bytes
 
     assert 0.1 < measure_copy_bandwidth(megabytes=16, repeats=3) < 1000
     layer = torch.nn.Linear(4, 8, dtype=torch.bfloat16)
     head = torch.nn.Linear(8, 5, bias=False)
-    fake = type("M", (), {"layers": [layer, layer], "lm_head": head})()  # the same layer twice counts once
-    assert weight_bytes(fake) == (32 + 8) * 2 + 40 * 4
+    assert module_weight_bytes([layer, layer, head]) == (32 + 8) * 2 + 40 * 4  # the same layer twice counts once
 
 
 def test_stop_rule_effect_by_hand():
@@ -157,6 +157,7 @@ def test_a_run_refuses_results_with_the_other_context_or_guards_setting(tmp_path
         check_run(tmp_path, {**config, key: "on"})
 
 
+@pytest.mark.model
 def test_hf_prompt_lookup_counts_drafts_and_matches_baseline(smollm):
     from dyncomplete.engine import GenerationParams
     from dyncomplete.methods import make_method

@@ -17,7 +17,7 @@ from dyncomplete.methods.baseline import Baseline
 from dyncomplete.methods.verify import Draft, commit_path, score
 from dyncomplete.models import LayeredModel, load
 from dyncomplete.models.attention import SHORT_QUERY
-from dyncomplete.models.fast import Linear, quantize_int4, quantize_int8
+from dyncomplete.models.weights import Linear, quantize_int4, quantize_int8
 from dyncomplete.models.verify_cost import measure_verify_cost
 
 
@@ -55,7 +55,7 @@ def test_fast_engine_computes_what_the_modules_compute_bit_for_bit(fixture, star
 
 def test_fast_engine_matches_a_separately_loaded_hf_model_in_float32(smollm):
     hf = load("smollm2-135m", dtype="float32", engine="hf", progress=lambda m: None)
-    assert hf.fast is None
+    assert "fast" not in hf.engines
     for text in stdlib_prompts(3):
         ids = smollm.tokenizer(text, add_special_tokens=False).input_ids
         torch.testing.assert_close(smollm.forward(torch.tensor(ids), last_only=False),
@@ -69,9 +69,9 @@ def test_rotary_tables_equal_the_rotary_module(smollm_bf16):
     rotary = model.core.rotary_emb
     probe = torch.empty(0, dtype=model.dtype)
     for positions in ([0], [5], [1023], [1024], [2047, 2048], list(range(700, 707)), list(range(0, 480))):
-        ctx = model.context(torch.tensor(positions))
-        cos, sin = rotary(probe, torch.tensor([positions]))
-        assert torch.equal(ctx.rotary["full_attention"][0], cos) and torch.equal(ctx.rotary["full_attention"][1], sin)
+        cos, sin, _ = model.engines["fast"].rotary.at(positions)
+        want_cos, want_sin = rotary(probe, torch.tensor([positions]))
+        assert torch.equal(cos[None], want_cos) and torch.equal(sin[None], want_sin)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dyncomplete.models import native
-from dyncomplete.models.fast import Linear
+from dyncomplete.models.weights import Linear
 
 PORTABLE = ["-O3", "-march=x86-64-v3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]  # AVX2, no AVX512
 

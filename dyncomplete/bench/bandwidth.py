@@ -15,21 +15,6 @@ from ..paths import machine_measurement
 COPY_MB = 256
 
 
-def weight_bytes(model) -> int:
-    """Bytes of weights one decode step reads: every decoder layer and the LM head, each tensor
-    once (a tied embedding is the head; of the embedding itself one row is read, left out), in
-    the format the running engine reads (the fast engine's fused or quantized weights)."""
-    if getattr(model, "fast", None) is not None and model.engine == "fast":
-        return model.fast.weight_bytes_per_token()
-    seen, total = set(), 0
-    for module in [*model.layers, model.lm_head]:
-        for t in [*module.parameters(), *module.buffers()]:
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
-    return total
-
-
 def measure_copy_bandwidth(megabytes: int = COPY_MB, repeats: int = 10) -> float:
     """GB/s of a large tensor copy (bytes read plus bytes written), the median of `repeats`."""
     src = torch.ones(megabytes * 2**20, dtype=torch.uint8)

@@ -18,7 +18,6 @@ from ..engine import Stats, build_prompt
 from ..engine.guards import EditorGuards
 from ..engine.repo_context import RepoContext
 from ..methods import make_method
-from .bandwidth import weight_bytes
 from .execution import run_program, usable_bwrap
 from .metrics import score
 
@@ -106,7 +105,7 @@ def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter
     done = {(r["id"], r["method"]) for r in read_results(out)}
     methods = {name: make_method(name, model) for name in method_names}
     # weights one decode step reads; a reference engine with weights of its own says what it reads
-    read_bytes = {name: m.weight_bytes() if hasattr(m, "weight_bytes") else weight_bytes(model)
+    read_bytes = {name: m.weight_bytes() if hasattr(m, "weight_bytes") else model.weight_bytes_per_token()
                   for name, m in methods.items()}
     pending = [(ex, name) for ex in dataset.examples for name in method_names if (str(ex["id"]), name) not in done]
     if pending:

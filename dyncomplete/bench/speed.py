@@ -22,7 +22,7 @@ import torch
 
 from ..models import load
 from ..models.verify_cost import pass_times
-from .bandwidth import machine_bandwidth, weight_bytes
+from .bandwidth import machine_bandwidth
 
 PROMPT_FILE = Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py"
 
@@ -46,7 +46,7 @@ def measure(model, prompt_tokens: int = 480, new_tokens: int = 64, runs: int = 5
         decode_ms.append((time.perf_counter() - start) * 1000 / (new_tokens - 1))
         outputs.append(tokens)
     ms = statistics.median(decode_ms)
-    per_token = weight_bytes(model)
+    per_token = model.weight_bytes_per_token()
     return {
         "engine": model.engine, "quant": model.quant, "dtype": str(model.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(), "runs": runs, "prompt_tokens": len(ids), "new_tokens": new_tokens,

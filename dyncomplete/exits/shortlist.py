@@ -29,7 +29,7 @@ def softcapped(model, logits: torch.Tensor) -> torch.Tensor:
 
 class Shortlist:
     def __init__(self, model, size: int = DEFAULT_SIZE):
-        from ..models.fast import Linear
+        from ..models.weights import Linear
 
         if size < 2:
             raise ValueError(f"a shortlist needs at least 2 rows, got {size}")
@@ -39,7 +39,7 @@ class Shortlist:
         bias = model.lm_head.bias[: self.size] if model.lm_head.bias is not None else None
         # the full head's rows as the model multiplies by them (dequantized where quantized),
         # quantized again the same way: int4 levels of int4 values come back nearly unchanged
-        self.linear = Linear(weight.detach().clone(), bias, model.quant if model.fast is not None else "none")
+        self.linear = Linear(weight.detach().clone(), bias, model.quant)  # quantized only on the fast engine
         self.linear.levels = None  # only `dequantized` reads them
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:

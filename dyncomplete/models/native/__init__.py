@@ -1,9 +1,9 @@
 """The fast engine's native decode kernels (`decode.c`): int4 products and one whole decoder layer
 per call for short queries.
 
-The C file is compiled on first use for this CPU (`cc -O3 -march=native -fopenmp`, about two
-seconds) into the cache, one library per (source, CPU), and called through ctypes with the data
-pointers of PyTorch tensors. The library links the OpenMP runtime PyTorch has loaded, so both
+The C file is compiled on first use for this CPU (`cc -O3 -march=native -fopenmp`) into the
+cache, one library per (source, CPU); `bindings.py` calls it through ctypes with the data pointers
+of PyTorch tensors. The library links the OpenMP runtime PyTorch has loaded, so both
 share one pool of threads. Without a C compiler, `library()` raises `NativeUnavailable` and
 int4 weights are refused with that message.
 """
@@ -109,7 +109,7 @@ def available() -> bool:
 
 
 def pack_int4(levels: torch.Tensor, scales_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """decode.c's weights from `fast.quantize_int4`'s output (levels (N, K) in 0..15, scales and
+    """decode.c's weights from `weights.quantize_int4`'s output (levels (N, K) in 0..15, scales and
     zeros (K / GROUP, N, 2) bf16), in blocks of BLOCK output features (N padded with zero scales):
     levels (blocks, K / GROUP, 4, BLOCK, 4) uint8, byte [b, g, j, f, i] = level 4j + i of group g
     of feature f (low nibble) and level 16 + 4j + i (high nibble); scales and zeros

@@ -1,0 +1,53 @@
+"""Rotary cos/sin tables computed once per model and sliced by position."""
+
+from __future__ import annotations
+
+import torch
+
+TABLE_CHUNK = 256  # positions per chunk when building the tables (see `RotaryTables.extend`)
+
+
+class RotaryTables:
+    """cos and signed sin per position, in the model dtype, grown on demand.
+
+    Values are computed as the Hugging Face rotary module computes them (float32 position x
+    inverse frequency, cos/sin, times the attention scaling, rounded to the dtype), in chunks of
+    TABLE_CHUNK positions so that every element takes the vectorised path that module takes for
+    one decode position (a tail element would go through the scalar cos, which may differ in the
+    last bit). `sin_signed` is sin with its first half negated: rotate_half(x) * sin ==
+    roll(x, d/2) * sin_signed exactly."""
+
+    def __init__(self, rotary_emb, dtype: torch.dtype, device: torch.device):
+        self.inv_freq = rotary_emb.inv_freq.detach().to(device=device, dtype=torch.float32)
+        self.scaling = float(getattr(rotary_emb, "attention_scaling", 1.0))
+        self.dtype, self.device = dtype, device
+        half = self.inv_freq.numel()
+        self.sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=device, dtype=dtype)
+        self.cos = torch.empty(0, 2 * half, dtype=dtype, device=device)
+        self.sin = torch.empty_like(self.cos)
+        self.sin_signed = torch.empty_like(self.cos)
+
+    def extend(self, length: int) -> None:
+        if length <= self.cos.shape[0]:
+            return
+        length = max(length, 2 * self.cos.shape[0], 4 * TABLE_CHUNK)
+        length = -(-length // TABLE_CHUNK) * TABLE_CHUNK
+        cos, sin = [self.cos], [self.sin]
+        with torch.inference_mode(False), torch.no_grad():
+            for start in range(self.cos.shape[0], length, TABLE_CHUNK):
+                positions = torch.arange(start, start + TABLE_CHUNK, device=self.device).float()
+                freqs = positions[:, None] * self.inv_freq
+                emb = torch.cat((freqs, freqs), dim=-1)
+                cos.append((emb.cos() * self.scaling).to(self.dtype))
+                sin.append((emb.sin() * self.scaling).to(self.dtype))
+            self.cos, self.sin = torch.cat(cos), torch.cat(sin)
+            self.sin_signed = self.sin * self.sign
+
+    def at(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cos, sin, sin_signed), each (q, head_dim), for the given positions."""
+        first, n = positions[0], len(positions)
+        self.extend(max(positions) + 1)
+        if positions == list(range(first, first + n)):
+            return self.cos[first : first + n], self.sin[first : first + n], self.sin_signed[first : first + n]
+        index = torch.tensor(positions, device=self.device)
+        return self.cos[index], self.sin[index], self.sin_signed[index]
