@@ -12,6 +12,8 @@ from dyncomplete.serve.prefix_cache import PrefixCache
 from dyncomplete.serve.report import finish_reason
 from dyncomplete.serve.worker import Busy, Job, Worker
 
+pytestmark = pytest.mark.model
+
 
 def run_jobs(worker, jobs):
     """Submit jobs, wait for each one's final event, return them in order."""
@@ -33,8 +35,8 @@ def run_jobs(worker, jobs):
 
 
 def job(prompt="def f(x):\n", n=64, method="baseline", deadline_s=300.0, client=None):
-    return Job(prompt, None, GenerationParams(max_new_tokens=n), method, True, client, time.perf_counter() + deadline_s,
-               lambda e: None)
+    return Job(prefix=prompt, suffix=None, params=GenerationParams(max_new_tokens=n), method=method, use_cache=True,
+               client_id=client, deadline=time.perf_counter() + deadline_s, emit=lambda e: None)
 
 
 @pytest.fixture(scope="module")

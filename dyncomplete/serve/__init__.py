@@ -1,5 +1,6 @@
 """The completion server: OpenAI-compatible HTTP API, prefix cache, model worker, web page."""
 
-from .app import Settings, create_app
+from .app import create_app
+from .state import Settings
 
 __all__ = ["Settings", "create_app"]

@@ -1,4 +1,4 @@
-"""The HTTP layer under the app: limits on connections and request heads, and the Host check.
+"""The HTTP layer under the app: limits on connections, request heads and bodies, and the Host check.
 
 uvicorn's h11 protocol bounds an incomplete request head (`h11_max_incomplete_event_size`) and
 closes idle keep-alive connections, but it has no deadline for a request head that trickles in
@@ -12,16 +12,18 @@ refusal is an OpenAI-style JSON error. The server always runs this h11 protocol,
 
 from __future__ import annotations
 
+import asyncio
 import http
 import ipaddress
 import json
 import logging
 from dataclasses import dataclass
 
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .request import ApiError
+from .request import ApiError, decode_body
 
 log = logging.getLogger("dyncomplete.serve")
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
@@ -161,6 +163,36 @@ class Guard:
                 return ApiError(403, f"Host {shown} is not allowed: this server listens on loopback and answers "
                                 f"only to {', '.join(LOOPBACK_NAMES)} (any port)", code="host_not_allowed")
         return None
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body as JSON (415 otherwise: a web page cannot send that type across sites without a
+    preflight, which gets no CORS headers here), at most `limit` bytes, within `timeout_s`."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise ApiError(415, f"Content-Type must be application/json, got {media_type[:60] or 'none'!r}",
+                       code="unsupported_media_type")
+    close = {"Connection": "close"}  # the rest of the body is not read: the connection cannot be reused
+    too_large = ApiError(413, f"request body over {limit} bytes", code="body_too_large", headers=close)
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout",
+                       headers=close) from None
+    return bytes(body)
+
+
+async def read_json(request: Request, max_bytes: int, limits: Limits) -> dict:
+    """The request's body decoded to a JSON object (400 otherwise)."""
+    return decode_body(await read_body(request, max_bytes, limits.body_timeout_s))
 
 
 def run_server(app, host: str, port: int, log_level: str, limits: Limits) -> None:

@@ -59,6 +59,10 @@ class CompletionRequest:
     client_memory: bool = False  # add context retrieved from the files this sender sent before
     ngram_cache: bool = True  # n-gram drafting may copy this sender's earlier completions
 
+    def ignored(self) -> dict:
+        """What the response's `dyncomplete` object says about fields this server does not use."""
+        return {"ignored_fields": self.ignored_fields} if self.ignored_fields else {}
+
 
 def decode_body(raw: bytes) -> dict:
     try:

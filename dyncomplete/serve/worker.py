@@ -34,8 +34,10 @@ from .request import ApiError
 log = logging.getLogger("dyncomplete.serve")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Job:
+    """One request for the model thread, built by keyword (`jobs.job_for` from a parsed request)."""
+
     prefix: str
     suffix: str | None
     params: GenerationParams

@@ -1,0 +1,64 @@
+"""What every route reads: the settings, and the model with what serves it (`Server`: its worker,
+the prefix cache, the per-sender memories, the allowed methods), built once by `create_app` and
+kept as `app.state.server`."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from ..engine import DEFAULT_CONTEXT_BUDGET
+from ..methods import families
+from .client_files import ClientFiles
+from .client_history import ClientHistory
+from .http import Limits
+from .prefix_cache import PrefixCache
+from .worker import Worker
+
+# Allowed besides the default method unless --methods says otherwise: built-ins that load nothing.
+DEFAULT_METHODS = ("baseline", "lookup")
+
+
+@dataclass
+class Settings:
+    default_method: str = "baseline"
+    methods: tuple[str, ...] = DEFAULT_METHODS  # what a request may pick, besides default_method
+    check_host: bool = True  # answer only Host names of loopback (set when bound to loopback)
+    limits: Limits = Limits()
+    api_key: str | None = None
+    queue_size: int = 16
+    request_timeout_s: float = 60.0
+    max_tokens_limit: int = 1024
+    context_budget: int = DEFAULT_CONTEXT_BUDGET
+    cache_bytes: int = 512 * 2**20
+    client_memory: bool = True  # remember the files each editor sent and retrieve from them
+    ngram_cache: bool = True  # n-gram drafting may copy a client's earlier completions
+    max_body_bytes: int = 2 * 2**20
+
+
+class Server:
+    """Builds every allowed method now (ValueError on a bad one); the worker starts with the app."""
+
+    def __init__(self, model, settings: Settings):
+        self.model, self.settings = model, settings
+        self.prefix_cache = PrefixCache(settings.cache_bytes)
+        self.client_files = ClientFiles() if settings.client_memory else None
+        self.client_history = ClientHistory() if settings.ngram_cache else None
+        self.methods = list(dict.fromkeys((settings.default_method, *settings.methods)))
+        self.worker = Worker(model, self.methods, settings.queue_size, settings.context_budget, self.prefix_cache,
+                             self.client_files, self.client_history)
+        self.method_families = families()
+
+
+def server_of(request: Request) -> Server:
+    return request.app.state.server
+
+
+def sender(request: Request) -> str:
+    """What the server can verify about who sent a request: its address (not X-Forwarded-For) and
+    a digest of the key it presented. The memory of sent files is kept per sender (one editor)."""
+    key = hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()[:16]
+    peer = request.client.host if request.client else ""
+    return f"{peer}|{key}"
