@@ -1,21 +1,16 @@
-"""Shared fixtures: the real default model, loaded once per test session.
+"""Shared fixtures: the real models, loaded once per test session, and real servers.
 
-Tests that need model weights carry the `model` marker: every test using one of the fixtures
-below gets it here, and the few that load a model themselves are marked where they are written.
-`pytest -m "not model"` is the fast tier (no weights needed).
+Tests that need model weights carry the `model` marker, written where they are (`pytestmark =
+pytest.mark.model` for a file of such tests): `pytest -m "not model"` is the fast tier (no weights
+needed). Helpers that test files share are in `helpers.py`.
 """
 
+from contextlib import ExitStack
+
 import pytest
+from helpers import PRESETS
 
 from dyncomplete.models import load
-
-MODEL_FIXTURES = {"smollm", "smollm_bf16", "qwen05", "served", "quantized"}
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.model)
 
 
 @pytest.fixture(scope="session")
@@ -39,16 +34,34 @@ def qwen05():
     return load("qwen2.5-coder-0.5b", dtype="float32", progress=lambda m: None)
 
 
-SERVE_KEY = "test-key"
-
-
-@pytest.fixture(scope="session")
-def served():
-    """A real `dyncomplete serve` process (float32 smollm2-135m, API key SERVE_KEY) on a free port:
-    (base URL, Popen). Shared by the server and web-page tests."""
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """server(PRESET) -> (base URL, Popen) of a real `dyncomplete serve` of `helpers.PRESETS[PRESET]`
+    on a free port: started at the first call in a test module, stopped at the module's end
+    (skipped where the preset's model is not installed)."""
     from dyncomplete.bench.launch import running_server
+    from dyncomplete.models import REGISTRY
 
-    options = ["--dtype", "float32", "--api-key", SERVE_KEY, "--queue-size", "64", "--timeout", "120",
-               "--max-tokens-limit", "256", "--context-budget", "256", "--cache-mb", "64"]
-    with running_server("smollm2-135m", *options) as server:
-        yield server
+    started = {}
+
+    def start(name: str):
+        if name not in started:
+            preset = PRESETS[name]
+            if not REGISTRY[preset.model].installed():
+                pytest.skip(f"{preset.model} is not installed: run `dyncomplete install {preset.model}`")
+            options = list(preset.options)
+            if preset.key_file is not None:
+                key_file = tmp_path_factory.mktemp("key") / "api-key"
+                key_file.write_text(f"  {preset.key_file}\n")
+                options += ["--api-key-file", str(key_file)]
+            started[name] = servers.enter_context(running_server(preset.model, *options))
+        return started[name]
+
+    with ExitStack() as servers:
+        yield start
+
+
+@pytest.fixture
+def served(server):
+    """The "smollm" preset, which most server tests share."""
+    return server("smollm")

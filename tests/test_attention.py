@@ -30,6 +30,7 @@ def test_matches_sdpa_in_bfloat16(q_len, mask_kind):
     torch.testing.assert_close(out.float(), ref.transpose(1, 2), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.model
 def test_bfloat16_cpu_models_use_it_and_float32_ones_keep_sdpa(smollm, smollm_bf16):
     assert smollm_bf16.config._attn_implementation == NAME
     assert smollm.config._attn_implementation == "sdpa"

@@ -1,26 +1,12 @@
 """Our decode loop against Hugging Face `generate` on real code prompts, and its stop rules."""
 
-import sysconfig
-from pathlib import Path
-
 import pytest
 import torch
+from helpers import stdlib_prompts
 
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods.baseline import Baseline
 from dyncomplete.engine import eos_ids_of
-
-
-def stdlib_prompts(n=20, chars=400):
-    """Deterministic prompts cut from real CPython standard-library files."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)[: n * 3 : 3]
-    prompts = []
-    for path in files[:n]:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        cut = text.find("\n", len(text) // 2)
-        prompts.append(text[max(0, cut - chars) : cut + 1])
-    return prompts
 
 
 def hf_greedy(model, ids, n):
@@ -56,6 +42,7 @@ def test_greedy_identical_to_generate_on_stdlib_prompts(fixture, request):
         assert len(differ) <= 5, differ
 
 
+@pytest.mark.model
 def test_line_mode_and_stop_strings(smollm):
     ids = smollm.tokenizer("import os\nimport sys\nimport", add_special_tokens=False).input_ids
     line = Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=30, line_mode=True))
@@ -67,6 +54,7 @@ def test_line_mode_and_stop_strings(smollm):
     assert word not in stopped.text and stopped.stats.stopped_by == "stop"
 
 
+@pytest.mark.model
 def test_sampling_is_reproducible_with_a_seed(smollm):
     ids = smollm.tokenizer("def fib(n):\n", add_special_tokens=False).input_ids
     params = GenerationParams(max_new_tokens=16, temperature=0.8, top_p=0.9, seed=7)
@@ -78,6 +66,7 @@ def test_sampling_is_reproducible_with_a_seed(smollm):
     assert c.token_ids != a.token_ids or a.token_ids != greedy.token_ids
 
 
+@pytest.mark.model
 def test_stats_count_full_depth(smollm):
     ids = smollm.tokenizer("x = 1\ny = 2\nz =", add_special_tokens=False).input_ids
     out = Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=5))
@@ -92,6 +81,7 @@ def test_bad_parameters_are_refused():
             GenerationParams(**bad)
 
 
+@pytest.mark.model
 def test_empty_prompt_is_refused(smollm):
     with pytest.raises(ValueError, match="empty prompt"):
         Baseline().generate(smollm, [], GenerationParams())

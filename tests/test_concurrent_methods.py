@@ -12,6 +12,8 @@ import torch
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods import make_method
 
+pytestmark = pytest.mark.model
+
 PROMPTS = [
     "total = add(a, b)\nprint(total)\nresult = add(a, c)\nprint(",
     "def area(r):\n    return 3.14 * r * r\n\n\ndef perimeter(r):\n    return",

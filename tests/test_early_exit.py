@@ -3,6 +3,7 @@ equal to a reference built with the real decoder layers, and honest work counts.
 
 import pytest
 import torch
+from helpers import stdlib_prompts
 
 from dyncomplete.engine import GenerationParams, Stats
 from dyncomplete.methods.baseline import Baseline
@@ -10,7 +11,8 @@ from dyncomplete.methods.early_exit import EarlyExit
 from dyncomplete.exits.heads import lens_heads
 from dyncomplete.exits.policies import make_policy
 from dyncomplete.methods import make_method
-from test_baseline import stdlib_prompts
+
+pytestmark = pytest.mark.model
 
 
 class Never:

@@ -16,62 +16,28 @@ same bodies get the middle of the circle example, and the guards keep the suffix
 
 import json
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from conftest import SERVE_KEY
+from helpers import QWEN, SERVE_KEY, SMOL, body, ndjson, ollama_name, sse
 
-from dyncomplete.models import REGISTRY
-
-BODIES = Path(__file__).parent / "editor_bodies"
-SMOL, QWEN = "smollm2-135m", "qwen2.5-coder-0.5b"
 HEADERS = {"Authorization": f"Bearer {SERVE_KEY}", "Content-Type": "application/json"}
-# the memory of sent files is off here: each test's answer depends on its own body only
-OPTIONS = ["--api-key", SERVE_KEY, "--max-tokens-limit", "48", "--context-budget", "512", "--cache-mb", "64",
-           "--client-memory", "off"]
 MIDDLE = "circumference = 2 * math.pi * r"
-
-
-def body(file: str, **changes) -> dict:
-    return {**json.loads((BODIES / file).read_text()), **changes}
-
-
-def ollama_name(model: str) -> str:
-    """How Continue names a model to Ollama (`qwen2.5-coder-0.5b` -> `qwen2.5-coder:0.5b`)."""
-    head, _, tag = model.rpartition("-")
-    return f"{head}:{tag}"
 
 
 def post(url: str, path: str, data: dict, **kwargs) -> httpx.Response:
     return httpx.post(f"{url}{path}", json=data, headers=HEADERS, timeout=300, **kwargs)
 
 
-def ndjson(response: httpx.Response) -> list[dict]:
-    return [json.loads(line) for line in response.text.splitlines() if line.strip()]
+@pytest.fixture
+def smol_server(server):
+    return server("editor-smollm")[0]
 
 
-def sse(response: httpx.Response) -> list[dict]:
-    return [json.loads(line[len("data: "):]) for line in response.text.splitlines() if line.startswith("data: ")]
-
-
-@pytest.fixture(scope="module")
-def smol_server():
-    from dyncomplete.bench.launch import running_server
-
-    with running_server(SMOL, "--dtype", "float32", *OPTIONS) as (url, _):
-        yield url
-
-
-@pytest.fixture(scope="module")
-def qwen_server():
-    from dyncomplete.bench.launch import running_server
-
-    if not REGISTRY[QWEN].installed():
-        pytest.skip(f"{QWEN} is not installed: run `dyncomplete install {QWEN}`")
-    with running_server(QWEN, *OPTIONS) as (url, _):
-        yield url
+@pytest.fixture
+def qwen_server(server):
+    return server("editor-qwen")[0]
 
 
 pytestmark = pytest.mark.model

@@ -62,12 +62,14 @@ def test_rapl_without_zones_is_refused(tmp_path):
         RaplMeter(tmp_path)
 
 
+@pytest.mark.model
 def test_cost_model_figures_of_smollm(smollm):
     """design.md: one layer ~3.5M MACs per token, the 49k-vocabulary head ~28M."""
     assert layer_macs(smollm) == pytest.approx(3.5e6, rel=0.03)
     assert head_macs(smollm) == 576 * 49152
 
 
+@pytest.mark.model
 def test_compute_per_token(smollm):
     ids = smollm.tokenizer("def add(a, b):\n", add_special_tokens=False).input_ids
     full = Baseline().generate(smollm, ids, GenerationParams(max_new_tokens=4)).stats

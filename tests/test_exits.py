@@ -21,6 +21,7 @@ def tiny_data(smollm):
     return collect(smollm, [20, 26], chunks, progress=False)
 
 
+@pytest.mark.model
 def test_shipped_heads_match_the_model(smollm):
     heads = load_heads(smollm)
     assert heads.kind == "translator" and default_path(smollm).is_file()
@@ -35,6 +36,7 @@ def test_shipped_heads_match_the_model(smollm):
     assert logits.shape == (3, smollm.vocab_size) and logits.dtype == torch.float32
 
 
+@pytest.mark.model
 def test_lens_is_final_norm_and_head(smollm):
     heads = lens_heads(smollm, [4, 8])
     h = torch.randn(2, smollm.hidden_size)
@@ -53,6 +55,7 @@ def test_least_squares_start_recovers_an_exact_affine_map():
     torch.testing.assert_close(lin.bias.detach(), bias, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.model
 def test_training_improves_agreement_and_round_trips(smollm, tiny_data, tmp_path):
     heads = train_translators(smollm, tiny_data, steps=30, batch=64, progress=False)
     trained, lens = agreement(heads, tiny_data), agreement(lens_heads(smollm, [20, 26]), tiny_data)
@@ -69,6 +72,7 @@ def test_training_improves_agreement_and_round_trips(smollm, tiny_data, tmp_path
         load_heads(smollm, path)
 
 
+@pytest.mark.model
 def test_strict_thresholds_never_fire(smollm):
     one_hot = torch.full((smollm.vocab_size,), -1e4)
     one_hot[7] = 1e4
@@ -85,6 +89,7 @@ def test_strict_thresholds_never_fire(smollm):
     assert not make_policy("static", 20, smollm, None).decide(18, h, None)
 
 
+@pytest.mark.model
 def test_simulate_and_calibrate_on_known_signals(smollm):
     layers = [10, 20]
     agree = torch.tensor([[True, False, True, False], [True, True, True, False]])
@@ -103,6 +108,7 @@ def test_simulate_and_calibrate_on_known_signals(smollm):
     assert best["agreement"] == 1.0 and best["layers_per_token"] == 22.5
 
 
+@pytest.mark.model
 def test_layer_signals_agree_with_the_heads(smollm, tiny_data):
     heads = lens_heads(smollm, [20, 26])
     signals = layer_signals(heads, tiny_data)
@@ -112,6 +118,7 @@ def test_layer_signals_agree_with_the_heads(smollm, tiny_data):
     assert (conf > 0).all() and (conf <= 1).all() and (signals.scores["margin"] <= conf).all()
 
 
+@pytest.mark.model
 def test_classifier_trains_saves_and_decides(smollm, tiny_data, tmp_path):
     heads = lens_heads(smollm, [20, 26])
     mlps = train_classifier(heads, tiny_data, steps=20, batch=64, progress=False)

@@ -9,6 +9,8 @@ from dyncomplete.methods.stop_rule import StopRule
 from dyncomplete.training.collect import SKIP, code_chunks, collect
 from dyncomplete.training.stop_rule import train_stop_rule, wrong_labels
 
+pytestmark = pytest.mark.model
+
 
 @pytest.fixture(scope="module")
 def chunk_data(smollm):

@@ -8,8 +8,7 @@ import time
 
 import pytest
 import torch
-from test_baseline import stdlib_prompts
-from test_layered import tiny_model
+from helpers import stdlib_prompts, tiny_model
 
 from dyncomplete import methods
 from dyncomplete.engine import GenerationParams
@@ -53,6 +52,7 @@ def test_fast_engine_computes_what_the_modules_compute_bit_for_bit(fixture, star
     assert torch.equal(run_steps(model, ids, start, "fast"), run_steps(model, ids, start, "hf"))
 
 
+@pytest.mark.model
 def test_fast_engine_matches_a_separately_loaded_hf_model_in_float32(smollm):
     hf = load("smollm2-135m", dtype="float32", engine="hf", progress=lambda m: None)
     assert "fast" not in hf.engines
@@ -64,6 +64,7 @@ def test_fast_engine_matches_a_separately_loaded_hf_model_in_float32(smollm):
         assert Baseline().generate(smollm, ids, params).token_ids == Baseline().generate(hf, ids, params).token_ids
 
 
+@pytest.mark.model
 def test_rotary_tables_equal_the_rotary_module(smollm_bf16):
     model = smollm_bf16
     rotary = model.core.rotary_emb
@@ -141,6 +142,7 @@ def quantized(request):
     return load("smollm2-135m", dtype="bfloat16", quant=request.param, progress=lambda m: None)
 
 
+@pytest.mark.model
 def test_quantized_model_gives_a_position_the_same_logits_alone_or_in_a_verification_pass(quantized):
     model = quantized
     ids = long_ids(model)
@@ -153,6 +155,7 @@ def test_quantized_model_gives_a_position_the_same_logits_alone_or_in_a_verifica
     assert [torch.equal(together[k], alone[k]) for k in range(8)] == [True] * 8
 
 
+@pytest.mark.model
 def test_all_layers_in_one_call_equal_one_call_per_layer(quantized):
     """`run_layers` (int4: one native call for the whole pass) against `run_layer` per layer, for
     a one-token step and a verification pass: the same logits and the same cache."""
@@ -174,6 +177,7 @@ def test_all_layers_in_one_call_equal_one_call_per_layer(quantized):
     assert all(torch.equal(fused.keys[i][..., :396], stepped.keys[i][..., :396]) for i in range(model.num_layers))
 
 
+@pytest.mark.model
 def test_quantized_model_agrees_with_bfloat16_on_most_greedy_tokens(quantized, smollm_bf16):
     """A quality floor: top-1 agreement with the bfloat16 model over real code positions."""
     agree = total = 0
@@ -186,6 +190,7 @@ def test_quantized_model_agrees_with_bfloat16_on_most_greedy_tokens(quantized, s
     assert agree / total > (0.95 if quantized.quant == "int8" else 0.8), agree / total
 
 
+@pytest.mark.model
 def test_lookup_is_identical_to_baseline_on_quantized_weights(quantized):
     model = quantized
     params = GenerationParams(max_new_tokens=16)
@@ -229,6 +234,7 @@ def test_verify_cost_is_the_extra_time_per_position_over_a_one_token_pass():
     assert measure_verify_cost(TimedModel()) == pytest.approx(want, rel=0.15)
 
 
+@pytest.mark.model
 def test_lookup_drafts_with_the_verify_cost_measured_for_its_model(smollm_bf16, tmp_path, monkeypatch):
     monkeypatch.setenv("DYNCOMPLETE_CACHE", str(tmp_path))
     method = methods.make_method("lookup", smollm_bf16)
@@ -252,6 +258,7 @@ def test_a_token_tree_gives_each_row_the_logits_and_cache_of_its_own_chain(fixtu
     check_tree_against_chains(request.getfixturevalue(fixture))
 
 
+@pytest.mark.model
 def test_a_token_tree_on_quantized_weights_too(quantized):
     check_tree_against_chains(quantized)
 
@@ -290,6 +297,7 @@ def check_tree_against_chains(model):
         assert same(tree_cache.values[i][..., : start + 4, :].flatten(), chain_cache.values[i][..., : start + 4, :].flatten())
 
 
+@pytest.mark.model
 def test_projected_keys_and_values_are_those_a_full_layer_stores(quantized):
     """`project_kv` (early exit's propagation; int4: one native call for all the skipped layers)
     stores for each layer exactly the keys and values that running that layer on the same hidden

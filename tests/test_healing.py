@@ -1,9 +1,13 @@
 """Token healing: a prompt cut at a line start (as an editor sends it) still gets its next line."""
 
+import pytest
+
 from dyncomplete.engine import GenerationParams, healing
 from dyncomplete.methods import make_method
 from dyncomplete.engine.prompts import build_prompt
 from dyncomplete.serve.report import token_pieces
+
+pytestmark = pytest.mark.model
 
 # The prompt ends in "\n"; SmolLM2's vocabulary merges "\n" with the next line's indentation, so
 # without healing the model almost never continues with an indented line.

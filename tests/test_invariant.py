@@ -26,6 +26,7 @@ def test_split_matmul_computes_the_product():
     torch.testing.assert_close(split_k_matmul(a, b), a @ b, atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.model
 def test_bfloat16_model_gives_a_position_the_same_logits_alone_or_in_a_verification_pass(smollm_bf16):
     """Over more than BLOCK cached keys, so both the MLP and the attention reductions are split."""
     model = smollm_bf16

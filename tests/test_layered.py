@@ -2,30 +2,9 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, OPTConfig, Qwen2Config
+from helpers import TINY, tiny_model
 
 from dyncomplete.models import LayeredModel
-
-TINY = {
-    "llama": LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128),
-    "qwen2": Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128),
-    "gemma3": Gemma3TextConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=6,
-                               max_position_embeddings=128, final_logit_softcapping=30.0,
-                               layer_types=["sliding_attention", "sliding_attention", "full_attention",
-                                            "sliding_attention"]),
-    "gpt2": GPT2Config(vocab_size=128, n_embd=32, n_layer=3, n_head=4, n_positions=128),
-    "opt": OPTConfig(vocab_size=128, hidden_size=32, ffn_dim=64, num_hidden_layers=3, num_attention_heads=4,
-                     max_position_embeddings=128, word_embed_proj_dim=16),
-}
-
-
-def tiny_model(kind):
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(TINY[kind]).eval()
 
 
 @pytest.mark.parametrize("kind", list(TINY))

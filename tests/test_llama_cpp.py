@@ -8,10 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_baseline import stdlib_prompts
+from helpers import stdlib_prompts
 
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods import make_method
+
+pytestmark = pytest.mark.model
 
 NEW_TOKENS = 24
 

@@ -137,6 +137,7 @@ def test_truncated_file_is_refused(tmp_cache, monkeypatch, tmp_path):
     assert leftovers(tmp_cache) == []
 
 
+@pytest.mark.model
 def test_corrupt_cached_weights_give_a_clear_error(smollm, tmp_cache, monkeypatch):
     with_spec(monkeypatch)
     broken = tmp_cache / "models" / "test-smollm"
@@ -185,6 +186,7 @@ def copy_of_smollm(target: Path, digest: bool, writable: tuple[str, ...] = ()) -
     return target
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("how", ["random bytes in layer 14", "NaN embedding row"])
 def test_damaged_cached_weights_are_refused_with_what_to_delete(smollm, tmp_cache, monkeypatch, how):
     """The digest recorded at conversion is checked at every load (issue 15, item 4)."""
@@ -195,6 +197,7 @@ def test_damaged_cached_weights_are_refused_with_what_to_delete(smollm, tmp_cach
         load("test-smollm", dtype="float32")
 
 
+@pytest.mark.model
 def test_a_cached_directory_without_a_digest_gets_one_once_unless_damaged(smollm, tmp_cache, monkeypatch):
     """Directories converted before digests were kept: their tensors must be finite, then their
     digest is recorded and checked from then on."""
@@ -212,6 +215,7 @@ def test_a_cached_directory_without_a_digest_gets_one_once_unless_damaged(smollm
     assert not (damaged / DIGEST_FILE).exists()
 
 
+@pytest.mark.model
 def test_local_directory_and_missing_gguf(smollm, tmp_path):
     with pytest.raises(ModelError, match="no config.json"):
         resolve(str(tmp_path))

@@ -12,6 +12,8 @@ from dyncomplete.models import KVCache, layered
 from dyncomplete.serve.prefix_cache import PrefixCache
 from dyncomplete.engine.window import stable_prefix
 
+pytestmark = pytest.mark.model
+
 SOURCE = inspect.getsource(layered)  # real code, about 8k characters
 
 

@@ -5,6 +5,7 @@ import pytest
 from dyncomplete.engine.prompts import build_prompt, fim_tokens
 
 
+@pytest.mark.model
 def test_smollm_has_no_fim_and_says_so(smollm):
     assert fim_tokens(smollm.tokenizer) is None
     p = build_prompt(smollm.tokenizer, "def f(x):\n    return ", "\n\nprint(f(2))\n")
@@ -12,6 +13,7 @@ def test_smollm_has_no_fim_and_says_so(smollm):
     assert smollm.tokenizer.decode(p.ids) == "def f(x):\n    return "
 
 
+@pytest.mark.model
 def test_budget_keeps_the_end_of_the_prefix(smollm):
     prefix = "".join(f"x{i} = {i}\n" for i in range(400))
     p = build_prompt(smollm.tokenizer, prefix, budget=64)
@@ -54,6 +56,7 @@ def test_fim_layout_and_budget_split():
     assert p.ids[30:43] == [98] * 13
 
 
+@pytest.mark.model
 def test_empty_prompt_and_tiny_budget_are_refused(smollm):
     with pytest.raises(ValueError, match="empty prompt"):
         build_prompt(smollm.tokenizer, "")

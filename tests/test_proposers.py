@@ -1,5 +1,6 @@
 """Proposers and draft-length control on their own: what they draft and what it costs."""
 
+import pytest
 import torch
 
 from dyncomplete.engine import GenerationParams, Stats
@@ -49,6 +50,7 @@ def test_lookup_grows_its_index_with_the_context():
     assert draft and draft == [3, 4, 1, 2][: len(draft)]
 
 
+@pytest.mark.model
 def test_lookup_on_real_code(smollm):
     ids = smollm.tokenizer("total = add(a, b)\nprint(total)\nresult = add(a, c)\nprint(", add_special_tokens=False).input_ids
     lookup, draft = lookup_on(ids, max_draft=10)
@@ -91,6 +93,7 @@ def test_exit_layer_controller_prefers_the_layer_that_pays():
     assert controller.choose() == (10, 6)
 
 
+@pytest.mark.model
 def test_self_draft_keeps_shallow_kv_and_uses_a_shortlist(smollm):
     ids = smollm.tokenizer("def square(x):\n    return x *", add_special_tokens=False).input_ids
     cache = smollm.new_cache()

@@ -24,6 +24,7 @@ def repo_tokenizer(smollm):
     return tokenizer
 
 
+@pytest.mark.model
 def test_context_goes_first_in_the_repository_format_and_the_file_prompt_follows_unchanged(repo_tokenizer):
     vocab = repo_tokenizer.get_vocab()
     repo, sep = vocab["<|repo_name|>"], vocab["<|file_sep|>"]
@@ -40,12 +41,14 @@ def test_context_goes_first_in_the_repository_format_and_the_file_prompt_follows
     assert len(prompt.ids) - len(plain.ids) <= 512
 
 
+@pytest.mark.model
 def test_models_without_repository_tokens_get_a_comment_per_file(smollm):
     prompt = build_prompt(smollm.tokenizer, PREFIX, budget=1024, context=RepoContext(CHUNKS[:1], "pkg/client.py"))
     text = smollm.tokenizer.decode(prompt.ids)
     assert text.startswith("# pkg/models.py\nclass Request:") and "\n# pkg/client.py\nfrom .models" in text
 
 
+@pytest.mark.model
 def test_no_chunk_fits_means_no_context(smollm):
     prompt = build_prompt(smollm.tokenizer, PREFIX, budget=64, context=RepoContext(CHUNKS[1:2], "pkg/client.py"))
     assert prompt.context_chunks == 0 and prompt.ids == build_prompt(smollm.tokenizer, PREFIX, budget=64).ids
@@ -72,6 +75,7 @@ def test_cross_file_examples_start_with_a_name_from_another_file_and_never_see_t
     assert build_cross_file(root, 40, seed=0) == examples
 
 
+@pytest.mark.model
 def test_infill_chunks_are_laid_out_in_the_order_sent_as_llama_cpp_does(smollm):
     from dyncomplete.serve.editors import _extra
 

@@ -1,5 +1,6 @@
 """The shipped exit agent as policy `rl@T` inside early-exit decoding, on the real model."""
 
+import pytest
 import torch
 
 from dyncomplete.engine import GenerationParams
@@ -7,6 +8,8 @@ from dyncomplete.training.collect import SKIP, code_chunks, collect
 from dyncomplete.exits.heads import lens_heads
 from dyncomplete.training.rl.data import precompute
 from dyncomplete.methods import make_method
+
+pytestmark = pytest.mark.model
 
 PROMPT = "import os\n\n\ndef list_python_files(root):\n    result = []\n    for name in sorted(os.listdir(root)):\n"
 

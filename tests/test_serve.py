@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from conftest import SERVE_KEY
+from helpers import SERVE_KEY
 
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods.baseline import Baseline
@@ -51,6 +51,7 @@ def wait_idle(url, timeout=120):
     raise AssertionError("the worker stayed busy")
 
 
+@pytest.mark.model
 def test_openai_client_with_and_without_suffix_streaming_and_not(served, smollm):
     url, _ = served
     api = client(url)
@@ -105,6 +106,7 @@ BAD = [
 ]
 
 
+@pytest.mark.model
 def test_bad_input_gets_4xx_with_an_openai_error(served):
     url, _ = served
     for body, status, words in BAD:
@@ -127,6 +129,7 @@ def test_bad_input_gets_4xx_with_an_openai_error(served):
     assert health(url)["status"] == "ok"
 
 
+@pytest.mark.model
 def test_disconnect_and_supersede_stop_the_generation(served):
     url, _ = served
     wait_idle(url)
@@ -163,6 +166,7 @@ def test_disconnect_and_supersede_stop_the_generation(served):
     assert old["dyncomplete"]["stopped_by"] == "superseded" and old["dyncomplete"]["new_tokens"] < 256
 
 
+@pytest.mark.model
 def test_full_queue_answers_503_fast(served):
     """A long generation holds the worker; 100 requests of distinct clients then overflow the
     64-slot queue: the extra ones get 503 at once, the queued ones are answered in turn. (Distinct
@@ -193,6 +197,7 @@ def test_full_queue_answers_503_fast(served):
     assert health(url)["status"] == "ok"
 
 
+@pytest.mark.model
 def test_200_concurrent_good_and_bad_requests(served, smollm):
     url, proc = served
     wait_idle(url)
@@ -243,6 +248,7 @@ def rss_mb(pid):
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
+@pytest.mark.model
 def test_methods_come_only_from_the_allow_list(served):
     """A request picks among the methods built at start: naming a draft model or a heads file
     loads and reads nothing, and a path that exists is refused in the same words as one that
@@ -269,6 +275,7 @@ def test_methods_come_only_from_the_allow_list(served):
     assert r.status_code == 200 and r.json()["dyncomplete"]["method"] == "lookup"
 
 
+@pytest.mark.model
 def test_huge_prompt_is_cut_by_characters_before_tokenising(served):
     """A 1.9 MB prompt (under the 2 MiB body cap) is cut to a multiple of the 256-token budget by
     characters: answered at once, without the hundreds of MiB that tokenising it whole took."""
@@ -289,6 +296,7 @@ def test_huge_prompt_is_cut_by_characters_before_tokenising(served):
     assert rss_mb(proc.pid) - rss < 100
 
 
+@pytest.mark.model
 def test_host_content_type_and_cors(served):
     """DNS rebinding and cross-site requests: a loopback server answers only loopback Host names,
     takes only JSON bodies and sends no CORS headers."""
@@ -352,6 +360,7 @@ def http_response(sock, timeout=15.0) -> tuple[int | None, dict | None]:
     return int(head.split()[1]), json.loads(body)
 
 
+@pytest.mark.model
 def test_request_heads_are_bounded(served):
     """A 1 MB header, 2,000 headers or 150 small ones: 431 in JSON, and the server keeps serving."""
     url, _ = served
@@ -381,6 +390,7 @@ def test_request_heads_are_bounded(served):
     assert health(url)["status"] == "ok"
 
 
+@pytest.mark.model
 def test_slow_clients_are_cut_off(served):
     """Slowloris: 200 connections that trickle a request head, one that trickles a body and one
     idle keep-alive connection are all closed within a few seconds (the head gets 5 s, the body 10 s,
@@ -432,6 +442,7 @@ def test_slow_clients_are_cut_off(served):
     assert health(url)["status"] == "ok"
 
 
+@pytest.mark.model
 def test_connection_cap_answers_503_in_json(served):
     """Beyond 256 open connections a new one gets a JSON 503 at once and is closed."""
     url, _ = served
@@ -450,6 +461,7 @@ def test_connection_cap_answers_503_in_json(served):
     assert health(url)["status"] == "ok"
 
 
+@pytest.mark.model
 def test_supersede_only_within_one_client(served):
     """A request with the same X-Client-Id from another address (or claiming one through
     X-Forwarded-For) does not stop the first one: ids are scoped to what the server can verify."""
@@ -496,6 +508,7 @@ def test_finish_reasons_are_ones_openai_clients_know():
         assert finish_reason(stopped_by) == "stop"
 
 
+@pytest.mark.model
 def test_unexpected_errors_are_json_without_paths(smollm):
     """A failure no handler expected is a JSON 500 that names no file."""
     from starlette.testclient import TestClient

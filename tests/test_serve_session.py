@@ -6,7 +6,8 @@ import sysconfig
 from contextlib import contextmanager
 from pathlib import Path
 
-from conftest import SERVE_KEY
+import pytest
+from helpers import SERVE_KEY
 
 from dyncomplete.cli import main
 from dyncomplete.bench.session import pauses_of
@@ -20,6 +21,7 @@ def test_pauses_follow_the_typed_file(tmp_path):
     assert pauses[1].prefix == "import os\n\ndef f(x):\n"
 
 
+@pytest.mark.model
 def test_bench_session_reports_both_rows(served, capsys):
     url, _ = served
     source = Path(sysconfig.get_paths()["stdlib"]) / "colorsys.py"
@@ -34,6 +36,7 @@ def test_bench_session_reports_both_rows(served, capsys):
     assert on["p50_ms"] > 0 and on["ttft_p50_ms"] <= on["p95_ms"] and 0 <= on["accepted"] <= 3
 
 
+@pytest.mark.model
 def test_bench_session_allows_the_method_it_replays(served, capsys, monkeypatch):
     """The server bench-session starts allows (and builds) just the method it replays; here the
     test server stands in for it, which allows baseline and lookup."""

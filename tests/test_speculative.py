@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from scipy.stats import chisquare
-from test_baseline import stdlib_prompts
+from helpers import stdlib_prompts
 
 from dyncomplete import methods
 from dyncomplete.engine import GenerationParams
@@ -46,6 +46,7 @@ def identical(method, model, prompts, reference):
     return stats
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", ["lookup", "self-spec", "self-spec:dynamic", "lookup+self"])
 def test_greedy_identical_to_baseline_on_50_prompts(name, smollm, prompts, reference):
     """50 prompts per proposer; `self-spec:dynamic` (self-spec's proposer, another draft control) on 20."""
@@ -56,6 +57,7 @@ def test_greedy_identical_to_baseline_on_50_prompts(name, smollm, prompts, refer
     assert drafted > 0 and 0 < accepted <= drafted  # the proposer really drafted, and some landed
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", ["stand", "stand:10/tree"])
 def test_stand_greedy_identical_to_baseline(name, smollm, prompts, reference):
     """STAND's chains and trees on the first 10 prompts (token trees are verified on 50 with retrieval's)."""
@@ -74,6 +76,7 @@ def stdlib_store(smollm):
                            separator=len(smollm.tokenizer))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("tree", [True, False])
 def test_retrieval_greedy_identical_to_baseline_on_50_prompts(tree, smollm, prompts, reference, stdlib_store):
     """Trees on all 50 prompts; chains (verified as lookup's are) on the first 20."""
@@ -93,10 +96,12 @@ def reference_bf16(smollm_bf16, prompts):
             for ids in prompts]
 
 
+@pytest.mark.model
 def test_retrieval_tree_identical_in_bfloat16(smollm_bf16, prompts, reference_bf16, stdlib_store):
     identical(SpeculativeDecoding(RetrievalProposer(stdlib_store, tree=True)), smollm_bf16, prompts, reference_bf16)
 
 
+@pytest.mark.model
 def test_greedy_identical_to_baseline_in_bfloat16_too(smollm_bf16, prompts, reference_bf16):
     """The default dtype on this CPU: identity rests on batch-invariant products (models/invariant.py);
     one proposer on 20 prompts suffices here, since the products, not the proposers, decide it (token
@@ -104,6 +109,7 @@ def test_greedy_identical_to_baseline_in_bfloat16_too(smollm_bf16, prompts, refe
     identical(methods.make_method("lookup", smollm_bf16), smollm_bf16, prompts[:20], reference_bf16[:20])
 
 
+@pytest.mark.model
 def test_draft_model_drafting_for_itself_is_always_accepted(smollm, prompts, reference):
     """On the first 10 prompts: acceptance, not identity, is the point (identity has its 50 above)."""
     twin = load("smollm2-135m", dtype="float32", progress=lambda m: None)
@@ -113,6 +119,7 @@ def test_draft_model_drafting_for_itself_is_always_accepted(smollm, prompts, ref
     assert drafted > 0 and accepted / drafted > 0.97  # same weights: only float near-ties differ
 
 
+@pytest.mark.model
 def test_the_draft_model_loads_in_the_targets_dtype_and_weight_format(smollm, monkeypatch):
     """An int4 target with a bfloat16 draft model ran the draft on PyTorch's kernels, slower than
     the target's own step (0.34x on Qwen2.5-Coder-1.5B)."""
@@ -123,6 +130,7 @@ def test_the_draft_model_loads_in_the_targets_dtype_and_weight_format(smollm, mo
     assert asked["dtype"] == str(smollm.dtype).removeprefix("torch.")
 
 
+@pytest.mark.model
 def test_draft_model_tree_keeps_the_baseline_output_and_lands_runner_ups(smollm, prompts, reference):
     """The LITE-tuned SmolLM2 (same tokenizer, other weights) drafts for the base model as a tree:
     its greedy chain plus its runner-up tokens beside it, on the first 8 prompts."""
@@ -142,6 +150,7 @@ def test_draft_model_tree_keeps_the_baseline_output_and_lands_runner_ups(smollm,
     assert any(landed)
 
 
+@pytest.mark.model
 def test_cache_matches_plain_decoding_and_no_layer_runs_twice(smollm, prompts, monkeypatch):
     ids = prompts[0]
     params = GenerationParams(max_new_tokens=NEW_TOKENS)
@@ -244,6 +253,7 @@ def test_greedy_tree_acceptance_follows_the_argmax_through_the_tree():
     assert accept_tree(rows, draft, GenerationParams(), None) == ([], 3)
 
 
+@pytest.mark.model
 def test_sampled_speculation_is_reproducible_with_a_seed(smollm, prompts):
     method = methods.make_method("lookup+self", smollm)
     params = GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0.7, seed=3)
@@ -252,6 +262,7 @@ def test_sampled_speculation_is_reproducible_with_a_seed(smollm, prompts):
     assert a.token_ids == b.token_ids and a.stats.verify_steps > 0
 
 
+@pytest.mark.model
 def test_lookup_accepts_repeated_code_and_reports_acceptance(smollm):
     text = "".join(f"    def get_{f}(self):\n        return self._{f}\n\n" for f in ("name", "age", "city", "email"))
     text += "    def get_"  # the model goes on with another getter of the same shape
@@ -264,6 +275,7 @@ def test_lookup_accepts_repeated_code_and_reports_acceptance(smollm):
     assert 0 < s.token_sources.count("draft") <= s.accepted  # the last step may end mid-draft
 
 
+@pytest.mark.model
 def test_method_names(smollm):
     assert methods.make_method("lookup:5", smollm).proposer.max_draft == 5
     layer = load_heads(smollm).layers[0]
@@ -275,6 +287,7 @@ def test_method_names(smollm):
             methods.make_method(bad, smollm)
 
 
+@pytest.mark.model
 def test_drafts_from_an_earlier_completion_keep_the_baseline_output(smollm):
     """The cross-request n-gram cache: with the first completion as history, a second request of
     another prompt drafts from it and still gives the baseline's tokens."""

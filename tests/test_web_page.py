@@ -5,22 +5,14 @@ early-exit method besides the default and reads its API key from a file."""
 import os
 
 import pytest
-
-from dyncomplete.bench.launch import running_server
+from helpers import EARLY_EXIT, PAGE_KEY
 
 CHROMIUM = "/usr/bin/chromium"
-PAGE_KEY = "page-key-3f9c1e"
-EARLY_EXIT = "early-exit:confidence/lens@0.5"
 
 
-@pytest.fixture(scope="module")
-def page_server(tmp_path_factory):
-    key_file = tmp_path_factory.mktemp("key") / "api-key"
-    key_file.write_text(f"  {PAGE_KEY}\n")  # surrounding whitespace is stripped
-    options = ["--dtype", "float32", "--api-key-file", str(key_file), "--methods", f"baseline,{EARLY_EXIT}",
-               "--context-budget", "256", "--cache-mb", "64"]
-    with running_server("smollm2-135m", *options) as server:
-        yield server
+@pytest.fixture
+def page_server(server):
+    return server("page")
 
 
 @pytest.mark.model

@@ -33,6 +33,7 @@ def test_every_family_and_wrapper_has_an_example():
     assert all(parse_method(name).family == family for family, name in EXAMPLES.items())
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("wrapper", WRAPPER_FAMILIES)
 @pytest.mark.parametrize("family", PLAIN)
 def test_every_wrapper_over_every_family(smollm, monkeypatch, wrapper, family):
