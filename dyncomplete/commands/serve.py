@@ -55,7 +55,8 @@ def run(args) -> int:
                         limits=Limits(max_connections=args.max_connections), api_key=api_key,
                         queue_size=args.queue_size, request_timeout_s=args.timeout,
                         max_tokens_limit=args.max_tokens_limit, context_budget=args.context_budget,
-                        cache_bytes=int(args.cache_mb * 2**20), client_memory=args.client_memory == "on",
+                        cache_bytes=int(args.cache_mb * 2**20), cache_reuse=args.cache_reuse,
+                        client_memory=args.client_memory == "on",
                         ngram_cache=args.ngram_cache == "on")
     model = load_from_args(args)
     app = create_app(model, settings)  # builds every allowed method: a bad one fails here, not at a request
@@ -94,6 +95,9 @@ def register(sub) -> None:
     p.add_argument("--context-budget", type=positive(int), default=1024,
                    help="prompt tokens kept; a longer prefix is cut at a stable line start (see docs)")
     p.add_argument("--cache-mb", type=float, default=512, help="prefix-cache memory bound in MiB (0: off)")
+    p.add_argument("--cache-reuse", type=int, default=0, metavar="N",
+                   help="also reuse runs of at least N tokens of the last prompt at new positions, keys rotated "
+                        "(the suffix of a fill-in-the-middle prompt after the prefix grew; approximate; 0: off)")
     p.add_argument("--client-memory", default="on", choices=["on", "off"],
                    help="remember the files each editor sends (input_extra, the documents it edits) and add "
                         "the best-matching windows of them to its prompts (a request opts out with "

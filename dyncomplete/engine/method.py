@@ -34,9 +34,15 @@ def prefill(model: LayeredModel, prompt_ids: list[int], cache: KVCache, stats: S
         raise ValueError("empty prompt: nothing to complete")
     reused = min(cache.lengths[0], len(prompt_ids) - 1)  # at least one token must run
     cache.crop(reused)
+    holes = [(a, min(b, reused)) for a, b in cache.holes if a < reused]
+    cache.holes = []
     stats.prompt_tokens = len(prompt_ids)
-    stats.cached_prompt_tokens = reused
+    stats.cached_prompt_tokens = reused - sum(b - a for a, b in holes)
     start = time.perf_counter()
+    for a, b in holes:  # each gap attends to what precedes it only; the chunks after it stay put
+        cache.crop(a)
+        model.forward(torch.tensor(prompt_ids[a:b]), cache)
+        cache.lengths = [reused] * cache.num_layers
     logits = model.forward(torch.tensor(prompt_ids[reused:]), cache)[0, -1]
     stats.prefill_s = time.perf_counter() - start
     return logits

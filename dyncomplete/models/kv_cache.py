@@ -24,6 +24,9 @@ class KVCache:
         self.values: list[torch.Tensor | None] = [None] * num_layers  # (batch, heads, capacity, dim)
         self.lengths = [0] * num_layers
         self._capacity = capacity
+        # position ranges [a, b) not computed yet although later positions are: chunks of an
+        # earlier prompt placed past them (serve/chunk_reuse.py); prefill runs them first
+        self.holes: list[tuple[int, int]] = []
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, kwargs=None, **_):
         """Append keys/values (batch, heads, new, dim) at the layer's length; return all of them."""

@@ -51,3 +51,26 @@ class RotaryTables:
             return self.cos[first : first + n], self.sin[first : first + n], self.sin_signed[first : first + n]
         index = torch.tensor(positions, device=self.device)
         return self.cos[index], self.sin[index], self.sin_signed[index]
+
+
+def rotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotary-embedded keys stored (..., head_dim, n), moved `delta` positions on: a rotation by
+    delta x each frequency, computed in float32 and rounded to the keys' dtype (not bit for bit
+    the keys a prefill at the new positions would write)."""
+    angle = delta * inv_freq.to(device=keys.device, dtype=torch.float32)
+    cos, sin = angle.cos()[:, None], angle.sin()[:, None]
+    x = keys.float()
+    half = x.shape[-2] // 2
+    x1, x2 = x[..., :half, :], x[..., half:, :]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-2).to(keys.dtype)
+
+
+def shift_frequencies(model) -> torch.Tensor | None:
+    """The inverse frequencies by which `rotate_keys` moves a chunk of `model`'s cache, or None
+    where keys cannot be moved that way (other position schemes, scaled or per-layer ropes)."""
+    rotary = getattr(model.core, "rotary_emb", None)
+    if model.kind not in ("llama", "qwen2") or rotary is None:
+        return None
+    if getattr(rotary, "rope_type", "default") != "default" or float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:
+        return None
+    return rotary.inv_freq.detach().float()

@@ -6,6 +6,9 @@ positions only (generated tokens are dropped: a lossy method may have left appro
 there), so a reused cache gives exactly the output of a fresh prefill. Memory is bounded by
 bytes, evicting the least recently used entry; an entry whose prompt starts a newer one is
 dropped, as the newer one serves every request the older one could.
+
+With `min_chunk` (and the model's rotary frequencies), a lookup also reuses later runs of the
+most recent prompt at new positions (chunk_reuse.py): an approximation, off with 0.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..models import KVCache
+from ..models.fast import SPAN
+from .chunk_reuse import assemble, plan_chunks
 
 
 def common_prefix_length(a: tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
@@ -36,10 +41,14 @@ class CacheCounters:
 class PrefixCache:
     """LRU of (prompt token ids -> KVCache holding exactly those positions), bounded by bytes."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, min_chunk: int = 0, inv_freq=None):
         if max_bytes < 0:
             raise ValueError(f"prefix cache size must be >= 0 bytes, got {max_bytes}")
+        if min_chunk < 0:
+            raise ValueError(f"cache reuse needs chunks of >= 1 token (0: off), got {min_chunk}")
         self.max_bytes = max_bytes
+        self.min_chunk = min_chunk if inv_freq is not None else 0
+        self.inv_freq = inv_freq
         self._entries: OrderedDict[tuple[int, ...], KVCache] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -62,14 +71,25 @@ class PrefixCache:
                 n = common_prefix_length(key, ids)
                 if n > best:
                     best_key, best = key, n
+            chunks = []
+            if self.min_chunk and self._entries:
+                recent = next(reversed(self._entries))
+                chunks = plan_chunks(recent, ids, self.min_chunk)
+                if sum(c.end - c.start for c in chunks) > best:
+                    best_key = recent
+                else:
+                    chunks = []
             if best_key is None:
                 return None, 0
             self._entries.move_to_end(best_key)
             source = self._entries[best_key]
+            reused = sum(c.end - c.start for c in chunks) if chunks else best
             self.counters.hits += 1
-            self.counters.reused_tokens += best
-        cache = source.copy(best)  # entries are never mutated in place, so copying outside the lock is safe
-        return cache, best
+            self.counters.reused_tokens += reused
+        # entries are never mutated in place, so copying outside the lock is safe
+        if chunks:
+            return assemble(source, chunks, len(ids), self.inv_freq, -(-len(ids) // SPAN) * SPAN), reused
+        return source.copy(best), best
 
     def store(self, ids: list[int], cache: KVCache) -> bool:
         """Keep the first len(ids) positions of `cache` (which must hold them in every layer)."""

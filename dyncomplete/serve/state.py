@@ -11,6 +11,7 @@ from fastapi import Request
 
 from ..engine import DEFAULT_CONTEXT_BUDGET
 from ..methods import families
+from ..models.rotary import shift_frequencies
 from .client_files import ClientFiles
 from .client_history import ClientHistory
 from .http import Limits
@@ -33,6 +34,7 @@ class Settings:
     max_tokens_limit: int = 1024
     context_budget: int = DEFAULT_CONTEXT_BUDGET
     cache_bytes: int = 512 * 2**20
+    cache_reuse: int = 0  # reuse runs of at least this many tokens of the last prompt at new positions (0: off)
     client_memory: bool = True  # remember the files each editor sent and retrieve from them
     ngram_cache: bool = True  # n-gram drafting may copy a client's earlier completions
     max_body_bytes: int = 2 * 2**20
@@ -43,7 +45,7 @@ class Server:
 
     def __init__(self, model, settings: Settings):
         self.model, self.settings = model, settings
-        self.prefix_cache = PrefixCache(settings.cache_bytes)
+        self.prefix_cache = PrefixCache(settings.cache_bytes, settings.cache_reuse, shift_frequencies(model))
         self.client_files = ClientFiles() if settings.client_memory else None
         self.client_history = ClientHistory() if settings.ngram_cache else None
         self.methods = list(dict.fromkeys((settings.default_method, *settings.methods)))

@@ -1,0 +1,83 @@
+"""Chunks of a cached prompt reused at new positions (llama.cpp's `--cache-reuse`, extended).
+
+A fill-in-the-middle prompt is prefix, suffix, middle. When the user types, the prefix grows, and
+every token of the suffix after it moves: a common-prefix cache then prefills the whole suffix
+again at every pause. Here each run of at least `min_tokens` tokens that the new prompt shares
+with the cached one, in the same order, is copied from the cache, its keys rotated by the
+distance it moved (rotary embeddings make a key at position p + d the key at p rotated by d),
+and only the tokens between such runs are prefilled. llama.cpp stops reusing at the first
+token it has not cached; here a run may follow new tokens, which is where the suffix is.
+
+A reused chunk keeps what it attended to when it was first computed, so a completion can differ
+from a full prefill of the same prompt; the server's `--cache-reuse 0` turns it off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..models import KVCache
+from ..models.rotary import rotate_keys
+
+
+@dataclass(frozen=True)
+class Chunk:
+    start: int  # new positions start .. end - 1 take the cached positions source .. source + (end - start) - 1
+    end: int
+    source: int
+
+
+def plan_chunks(cached: tuple[int, ...], ids: list[int], min_tokens: int) -> list[Chunk]:
+    """The runs of `ids` to copy from `cached`, in order, never overlapping in either prompt.
+
+    The common prefix comes first (whatever its length); after it, at each position the longest
+    run of at least `min_tokens` tokens that starts in `cached` past the last run used."""
+    chunks = []
+    n = 0
+    while n < min(len(cached), len(ids)) and cached[n] == ids[n]:
+        n += 1
+    if n:
+        chunks.append(Chunk(0, n, 0))
+    starts: dict[tuple[int, ...], list[int]] = {}
+    for k in range(n, len(cached) - min_tokens + 1):
+        starts.setdefault(tuple(cached[k:k + min_tokens]), []).append(k)
+    i, floor = n, n
+    while i + min_tokens <= len(ids):
+        best, source = 0, -1
+        for k in starts.get(tuple(ids[i:i + min_tokens]), ()):
+            if k < floor:
+                continue
+            length = min_tokens
+            while i + length < len(ids) and k + length < len(cached) and ids[i + length] == cached[k + length]:
+                length += 1
+            if length > best:
+                best, source = length, k
+        if best:
+            chunks.append(Chunk(i, i + best, source))
+            i, floor = i + best, source + best
+        else:
+            i += 1
+    return chunks
+
+
+def assemble(cached: KVCache, chunks: list[Chunk], length: int, inv_freq: torch.Tensor, room: int) -> KVCache:
+    """A new cache holding `chunks` of `cached` at their new positions, keys rotated, and the gaps
+    between them as `holes` for prefill to run; positions from the last chunk's end on are left
+    to prefill as usual. `room`: the capacity the buffers get (at least `length`)."""
+    out = KVCache(cached.num_layers)
+    for layer in range(cached.num_layers):
+        keys, values = cached.keys[layer], cached.values[layer]
+        out.keys[layer] = keys.new_zeros(*keys.shape[:-1], room)
+        out.values[layer] = values.new_zeros(*values.shape[:-2], room, values.shape[-1])
+        for c in chunks:
+            n = c.end - c.start
+            block = keys[..., c.source:c.source + n]
+            out.keys[layer][..., c.start:c.end] = block if c.start == c.source else rotate_keys(block, c.start - c.source, inv_freq)
+            out.values[layer][..., c.start:c.end, :] = values[..., c.source:c.source + n, :]
+    end = chunks[-1].end if chunks else 0
+    out.lengths = [min(end, length)] * cached.num_layers
+    edges = [0] + [e for c in chunks for e in (c.start, c.end)]
+    out.holes = [(a, b) for a, b in zip(edges[::2], edges[1::2]) if a < b]
+    return out

@@ -1,0 +1,83 @@
+"""Chunk reuse: which runs of a cached prompt are copied, keys moved by rotation, and a prefill
+around them that runs the gaps in order."""
+
+import inspect
+
+import pytest
+import torch
+
+from dyncomplete.engine import GenerationParams
+from dyncomplete.methods.baseline import Baseline
+from dyncomplete.models import layered
+from dyncomplete.models.rotary import rotate_keys, shift_frequencies
+from dyncomplete.serve.chunk_reuse import Chunk, plan_chunks
+from dyncomplete.serve.prefix_cache import PrefixCache
+
+
+def test_plan_copies_the_prefix_and_the_moved_suffix_but_not_the_new_tokens():
+    old = tuple(range(100))
+    new = list(range(40)) + [900, 901, 902] + list(range(40, 100))
+    assert plan_chunks(old, new, 8) == [Chunk(0, 40, 0), Chunk(43, 103, 40)]
+
+
+def test_plan_drops_a_window_start_and_ignores_runs_shorter_than_the_minimum():
+    old = tuple(range(100))
+    new = [500] + list(range(10, 60)) + list(range(200, 205)) + list(range(60, 64))
+    assert plan_chunks(old, new, 8) == [Chunk(1, 51, 10)]  # 60..63 is 4 tokens: under the minimum
+
+
+def test_plan_keeps_cached_order():
+    old = tuple(range(50))
+    new = list(range(30, 50)) + list(range(0, 30))  # swapped halves: only the first run can follow order
+    assert plan_chunks(old, new, 8) == [Chunk(0, 20, 30)]
+
+
+def test_rotating_a_key_by_d_gives_the_key_at_the_position_d_further():
+    torch.manual_seed(0)
+    dim, n = 64, 5
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    raw = torch.randn(2, dim, n)
+
+    def rope(x, positions):
+        angle = torch.tensor(positions, dtype=torch.float32)[None, :] * inv_freq[:, None]  # (dim/2, n)
+        x1, x2 = x[:, : dim // 2], x[:, dim // 2 :]
+        return torch.cat((x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()), dim=1)
+
+    at_10 = rope(raw, list(range(10, 15)))
+    moved = rotate_keys(at_10, 37, inv_freq)
+    assert torch.allclose(moved, rope(raw, list(range(47, 52))), atol=1e-4)
+    assert torch.allclose(rotate_keys(moved, -37, inv_freq), at_10, atol=1e-4)
+
+
+@pytest.mark.model
+def test_reused_chunks_give_layer_zero_keys_of_a_full_prefill_and_the_gaps_run(smollm_bf16):
+    model = smollm_bf16
+    source = inspect.getsource(layered)
+    ids = model.tokenizer(source[:3000], add_special_tokens=False).input_ids
+    inserted = model.tokenizer("\n# a line the user just typed\nvalue = compute(1, 2)\n", add_special_tokens=False).input_ids
+    cut = len(ids) // 2
+    new = ids[:cut] + inserted + ids[cut:]
+    cache = PrefixCache(2**28, min_chunk=16, inv_freq=shift_frequencies(model))
+    params = GenerationParams(max_new_tokens=4)
+    old_kv = model.new_cache()
+    Baseline().generate(model, ids, params, cache=old_kv)
+    assert cache.store(ids, old_kv)
+
+    kv, reused = cache.lookup(new)
+    assert reused == len(new) - len(inserted) and kv.holes == [(cut, cut + len(inserted))]
+    full = model.new_cache()
+    model.forward(torch.tensor(new), full)
+    moved = slice(cut + len(inserted), len(new))  # the chunk that moved by len(inserted)
+    assert torch.equal(kv.values[0][..., moved, :], full.values[0][..., moved, :])
+    rotated, fresh = kv.keys[0][..., moved].float(), full.keys[0][..., moved].float()
+    unrotated = old_kv.keys[0][..., cut:len(ids)].float()
+    bound = fresh.abs().max() / 128  # bfloat16 keeps 8 bits: one rounding step at the largest key
+    assert (rotated - fresh).abs().max() <= bound < (unrotated - fresh).abs().max() / 10
+
+    result = Baseline().generate(model, new, params, cache=kv)
+    assert result.stats.cached_prompt_tokens == len(new) - len(inserted) - 1  # the last token always runs
+    gap = slice(cut, cut + len(inserted))
+    alone = old_kv.copy(cut)  # the gap after the cached prefix, nothing after it
+    model.forward(torch.tensor(inserted), alone)
+    assert torch.equal(kv.keys[5][..., gap], alone.keys[5][..., gap])  # it attended to the prefix only
+    assert len(result.token_ids) == 4
