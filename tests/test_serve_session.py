@@ -26,7 +26,7 @@ def test_bench_session_reports_both_rows(served, capsys):
     url, _ = served
     source = Path(sysconfig.get_paths()["stdlib"]) / "colorsys.py"
     argv = ["bench-session", "--model", "smollm2-135m", "--url", url, "--api-key", SERVE_KEY, "--source", str(source),
-            "--start", "0.02", "--lines", "3", "--max-tokens", "4", "--json"]
+            "--start", "0.02", "--lines", "3", "--max-tokens", "4", "--client", "line", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     on, off = report["rows"]["cache on"], report["rows"]["cache off"]
@@ -56,7 +56,7 @@ def test_bench_session_allows_the_method_it_replays(served, capsys, monkeypatch)
     monkeypatch.setattr(session, "replay", lambda *args, **kwargs: replay(*args[:5], SERVE_KEY, *args[6:], **kwargs))
     source = Path(sysconfig.get_paths()["stdlib"]) / "colorsys.py"
     argv = ["bench-session", "--model", "smollm2-135m", "--method", "lookup", "--source", str(source),
-            "--start", "0.02", "--lines", "1", "--max-tokens", "2", "--json"]
+            "--start", "0.02", "--lines", "1", "--max-tokens", "2", "--client", "line", "--json"]
     assert main(argv) == 0
     (options,) = started
     assert options[options.index("--methods") + 1] == "lookup" and options[options.index("--method") + 1] == "lookup"

@@ -107,6 +107,11 @@ SESSION_COLUMNS = {
     "exact": Column("lines exact", lambda r: f"{r['accepted']} of {r['requests']}"),
     "es": Column("ES", "es", _fixed(1)),
     "chunks": Column("context chunks", "mean_context_chunks", _fixed(1)),
+    "client": Column("client", lambda r: r["run"].get("client"), align="---"),
+    "pattern": Column("pattern", lambda r: r["run"].get("pattern"), align="---"),
+    "prompt_evaluated": Column("prompt tokens evaluated", "prompt_tokens_evaluated", _fixed(0)),
+    "prompt_reused": Column("prompt tokens reused", "prompt_tokens_reused", _fixed(0)),
+    "generated": Column("tokens generated", "tokens_generated", _fixed(0)),
 }
 SESSION_DEFAULT = ("model", "method", "row", "n", "p50", "p95", "ttft_p50", "cached", "exact")
 

@@ -1,7 +1,12 @@
 """Editor-session replay: type real files line by line through the HTTP server, as an editor
 would, and measure what a person waits for.
 
-At each pause (the cursor at the start of a non-blank line) one streamed completion is requested
+Two replays. The editor replay (`replay_editor`) sends, at each pause, the body an editor plugin
+sends (llama.vim, llama.vscode: `/infill`; Continue: Ollama's `/api/generate`), built from their
+literal bodies in tests/editor_bodies/ with the text fields cut from the file as the plugin cuts
+them; it runs against any server that speaks the client's API (dyncomplete or llama-server).
+
+The line replay (`replay`, `--client line`): at each pause (the cursor at the start of a non-blank line) one streamed completion is requested
 with `stop=["\\n"]`; it is accepted when it equals the line typed next (trailing spaces aside).
 The pause is at the line start, not after the indentation, because a prompt ending in spaces
 splits a whitespace token the model never saw split (the BPE "token healing" problem) and
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,7 +130,18 @@ def summarise(results: list[dict]) -> dict:
         "mean_context_chunks": float(np.mean([r["context_chunks"] for r in results])),
         "decode_ms_per_token": 1000 * total("decode_s") / max(total("new_tokens"), 1),
         "accepted_per_drafted": total("accepted_drafts") / max(total("drafted"), 1),
+        **token_medians([{"prompt_evaluated": r["prompt_tokens"] - r["cached_prompt_tokens"],
+                          "prompt_reused": r["cached_prompt_tokens"], "generated": r["new_tokens"]} for r in results]),
     }
+
+
+def token_medians(results: list[dict]) -> dict:
+    """Per request, the median prompt tokens evaluated and reused (from a cache) and tokens generated."""
+    def median(key: str) -> float:
+        return float(np.median([r[key] for r in results]))
+
+    return {"prompt_tokens_evaluated": median("prompt_evaluated"), "prompt_tokens_reused": median("prompt_reused"),
+            "tokens_generated": median("generated")}
 
 
 def replay(url: str, model: str, method: str, pauses: list[Pause], max_tokens: int, api_key: str | None = None,
@@ -163,4 +180,211 @@ def replay(url: str, model: str, method: str, pauses: list[Pause], max_tokens: i
         "rows": summaries,
         "p50_speedup": off["p50_ms"] / on["p50_ms"] if on["p50_ms"] else 0.0,
         "identical_completions": same,
+    }
+
+
+# -- the editor replay: what llama.vim, llama.vscode and Continue send ------------------------------
+
+BODIES = Path(__file__).resolve().parents[2] / "tests" / "editor_bodies"  # the plugins' literal bodies
+N_PREFIX, N_SUFFIX = 256, 64  # llama.vim's and llama.vscode's n_prefix and n_suffix (lines)
+RING_CHUNK_LINES, RING_CHUNKS = 64, 16  # their ring_chunk_size and ring_n_chunks
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """The file at a pause, cut around the cursor as llama.vim's s:fim_ctx_local cuts it."""
+    file: str
+    line: int  # 1-based
+    before: str  # the up to N_PREFIX lines above the cursor line, each ending in "\n"
+    typed: str  # the cursor line up to the cursor
+    after: str  # the cursor line's rest (not typed yet, so ""), "\n", the up to N_SUFFIX lines below, "\n"
+    line_text: str  # the cursor line once typed
+
+
+@dataclass(frozen=True)
+class Request:
+    body: dict
+    target: str  # what the completion's first line should be
+
+
+def indent_of(text: str) -> int:
+    return len(text) - len(text.lstrip())
+
+
+def down_columns(line: str) -> list[int]:
+    """`down`: one pause per line, the cursor after the indentation an editor's auto-indent put there."""
+    return [indent_of(line)]
+
+
+def within_columns(line: str) -> list[int]:
+    """`within`: typing the line, pauses after the indentation and a third and two thirds into the rest."""
+    indent, rest = indent_of(line), len(line) - indent_of(line)
+    return sorted({indent, indent + rest // 3, indent + 2 * rest // 3})
+
+
+PATTERNS: dict[str, Callable[[str], list[int]]] = {"down": down_columns, "within": within_columns}
+
+
+def cursors_of(path: Path, pattern: str, start: float, count: int) -> list[Cursor]:
+    """The pauses of up to `count` non-blank lines from the line at fraction `start` of the file onwards."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    out, typed_lines = [], 0
+    for i in range(int(len(lines) * start), len(lines)):
+        line = lines[i].rstrip()
+        before = "\n".join(lines[max(0, i - N_PREFIX):i]) + "\n"
+        if not line.strip() or not before.strip():
+            continue  # nothing to complete, or nothing before the cursor
+        after = "\n" + "\n".join(lines[i + 1:i + 1 + N_SUFFIX]) + "\n"
+        out += [Cursor(str(path), i + 1, before, line[:column], after, line) for column in PATTERNS[pattern](line)]
+        typed_lines += 1
+        if typed_lines == count:
+            break
+    return out
+
+
+def ring_chunks(path: Path) -> list[dict]:
+    """llama.vim's ring buffer once the other .py files of `path`'s folder were opened: the first
+    RING_CHUNK_LINES lines of each (by name), at most RING_CHUNKS, as `input_extra` records."""
+    out = []
+    for other in sorted(path.parent.glob("*.py")):
+        lines = other.read_text(encoding="utf-8", errors="replace").splitlines()[:RING_CHUNK_LINES]
+        if other != path and len(lines) >= 3 and len(out) < RING_CHUNKS:  # llama.vim skips chunks under 3 lines
+            out.append({"text": "\n".join(lines) + "\n", "time": other.stat().st_mtime,
+                        "filename": f"{path.parent.name}/{other.name}"})
+    return out
+
+
+def template(name: str) -> dict:
+    return json.loads((BODIES / name).read_text())
+
+
+def infill_request(template_name: str, cursor: Cursor, extra: list[dict], n_predict: int, n_indent: int) -> Request:
+    """Both llama plugins send a cursor line of only whitespace as an empty `prompt` (the model writes the indent)."""
+    prompt = cursor.typed if cursor.typed.strip() else ""
+    body = template(template_name) | {"input_prefix": cursor.before, "input_suffix": cursor.after,
+                                      "input_extra": extra, "prompt": prompt, "n_indent": n_indent,
+                                      "n_predict": n_predict}
+    return Request(body, cursor.line_text[len(prompt):])
+
+
+def llama_vim_request(cursor: Cursor, extra: list[dict], n_predict: int, model: str) -> Request:
+    """llama.vim: `n_indent` 0 on a line of only whitespace, else the line's indentation."""
+    indent = indent_of(cursor.typed) if cursor.typed.strip() else 0
+    return infill_request("llama_vim_infill.json", cursor, extra, n_predict, indent)
+
+
+def llama_vscode_request(cursor: Cursor, extra: list[dict], n_predict: int, model: str) -> Request:
+    """llama.vscode: `n_indent` is the indentation of the line's text up to the cursor, always."""
+    return infill_request("llama_vscode_infill.json", cursor, extra, n_predict, indent_of(cursor.typed))
+
+
+def continue_request(cursor: Cursor, extra: list[dict], n_predict: int, model: str) -> Request:
+    """Continue's Ollama provider: `prompt` is the text before the cursor, `suffix` the text after; no ring chunks."""
+    body = template("continue_ollama_generate.json")
+    body |= {"model": model, "prompt": cursor.before + cursor.typed, "suffix": cursor.after,
+             "options": body["options"] | {"num_predict": n_predict}}
+    return Request(body, cursor.line_text[len(cursor.typed):])
+
+
+def llama_vim_warm(extra: list[dict]) -> Request:
+    """llama.vim's ring update (s:ring_update): the chunks sent on their own so the server caches them."""
+    return Request(template("llama_vim_ring_update.json") | {"input_extra": extra}, "")
+
+
+def llama_vscode_warm(extra: list[dict]) -> Request:
+    """llama.vscode's cache-warming request (`n_predict` 0) with the chunks."""
+    return Request(template("llama_vscode_warm.json") | {"input_extra": extra}, "")
+
+
+def checked(r: httpx.Response, body: str) -> None:
+    if r.status_code != 200:
+        raise RuntimeError(f"server answered {r.status_code}: {body[:300]}")
+
+
+def post_infill(http: httpx.Client, endpoint: str, request: Request) -> dict:
+    """A whole (not streamed) `/infill` answer; the token counts from llama.cpp's fields, which
+    dyncomplete fills the same way (`tokens_evaluated`: the prompt, `timings.prompt_n`: its part evaluated)."""
+    started = time.perf_counter()
+    r = http.post(endpoint, json=request.body)
+    latency = time.perf_counter() - started
+    checked(r, r.text)
+    data = r.json()
+    evaluated = data["timings"]["prompt_n"]
+    return {"latency_s": latency, "ttft_s": None, "text": data["content"], "prompt_evaluated": evaluated,
+            "prompt_reused": data["tokens_evaluated"] - evaluated, "generated": data["tokens_predicted"]}
+
+
+def post_ollama(http: httpx.Client, endpoint: str, request: Request) -> dict:
+    """A streamed (NDJSON) `/api/generate` answer; the token counts from dyncomplete's stats in the last line."""
+    started = time.perf_counter()
+    first, text, final = None, "", {}
+    with http.stream("POST", endpoint, json=request.body) as r:
+        checked(r, r.read().decode() if r.status_code != 200 else "")
+        for line in r.iter_lines():
+            if not line:
+                continue
+            final = json.loads(line)
+            if final["response"] and first is None:
+                first = time.perf_counter() - started
+            text += final["response"]
+    latency = time.perf_counter() - started
+    stats = final["dyncomplete"]
+    return {"latency_s": latency, "ttft_s": first if first is not None else latency, "text": text,
+            "prompt_evaluated": stats["prompt_tokens"] - stats["cached_prompt_tokens"],
+            "prompt_reused": stats["cached_prompt_tokens"], "generated": stats["new_tokens"]}
+
+
+@dataclass(frozen=True)
+class Client:
+    request: Callable[[Cursor, list[dict], int, str], Request]  # (cursor, ring chunks, n_predict, model)
+    warm: Callable[[list[dict]], Request] | None  # sent once per typed file, before its pauses
+    route: str  # the API the client calls
+    send: Callable[[httpx.Client, str, Request], dict]  # (http, endpoint, request) -> the answer
+
+
+CLIENTS = {
+    "llama-vim": Client(llama_vim_request, llama_vim_warm, "/infill", post_infill),
+    "llama-vscode": Client(llama_vscode_request, llama_vscode_warm, "/infill", post_infill),
+    "continue": Client(continue_request, None, "/api/generate", post_ollama),
+}
+
+
+def scored(answer: dict, target: str) -> dict:
+    first_line = answer["text"].split("\n")[0].rstrip()
+    return answer | {"accepted": first_line == target.rstrip(), "es": edit_similarity(first_line, target.rstrip())}
+
+
+def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_predict: int,
+                  headers: dict | None = None, progress=None) -> list[dict]:
+    """Every cursor's request as `client` sends it, after a warm-up request that is not counted;
+    a client with a warming request sends it once per typed file, before that file's pauses."""
+    spec = CLIENTS[client]
+    chunks = {file: ring_chunks(Path(file)) for file in sorted({c.file for c in cursors})}
+    endpoint, results = f"{url}{spec.route}", []
+    with httpx.Client(headers=headers or {}, timeout=600) as http:
+        for i, cursor in enumerate(cursors):
+            if spec.warm and (i == 0 or cursor.file != cursors[i - 1].file):
+                spec.send(http, endpoint, spec.warm(chunks[cursor.file]))
+            request = spec.request(cursor, chunks[cursor.file], n_predict, model)
+            if i == 0:
+                spec.send(http, endpoint, request)
+            results.append(scored(spec.send(http, endpoint, request), request.target))
+            if progress:
+                progress(i + 1, len(cursors))
+    return results
+
+
+def summarise_editor(results: list[dict]) -> dict:
+    """A row of the editor replay; time to first token is None for answers that are not streamed."""
+    lat = np.array([r["latency_s"] for r in results]) * 1000
+    ttft = np.array([r["ttft_s"] for r in results if r["ttft_s"] is not None]) * 1000
+    return {
+        "requests": len(results),
+        "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
+        "ttft_p50_ms": float(np.percentile(ttft, 50)) if len(ttft) else None,
+        "ttft_p95_ms": float(np.percentile(ttft, 95)) if len(ttft) else None,
+        **token_medians(results),
+        "accepted": sum(r["accepted"] for r in results),
+        "accepted_share": float(np.mean([r["accepted"] for r in results])),
+        "es": float(np.mean([r["es"] for r in results])),
     }

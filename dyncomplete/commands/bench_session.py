@@ -1,5 +1,7 @@
-"""`dyncomplete bench-session`: replay typing real files through the HTTP server, prefix cache on
-and off in one run, and report latency, time to first token, cache share and accepted lines."""
+"""`dyncomplete bench-session`: replay typing real files through a server as an editor plugin does
+(llama.vim, llama.vscode, Continue; against dyncomplete and llama-server), or prefix-only
+/v1/completions requests with the prefix cache on and off (`--client line`), and report latency,
+time to first token, prompt tokens evaluated and reused, and accepted lines."""
 
 from __future__ import annotations
 
@@ -7,9 +9,27 @@ import json
 import shlex
 import sys
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 from ._common import add_model_options
+
+SERVERS = ("dyncomplete", "llama-server")
+# bench.session's CLIENTS and PATTERNS, named here so that registering the command imports nothing heavy
+CLIENT_NAMES = ("llama-vim", "llama-vscode", "continue", "line")  # line: the prefix-only /v1/completions replay
+PATTERN_NAMES = ("down", "within")
+
+LINE_COLUMNS = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
+                ("TTFT p95", "ttft_p95_ms", "{:.0f}"), ("prompt tok", "mean_prompt_tokens", "{:.0f}"),
+                ("cached", "cached_prompt_share", "{:.1%}"), ("prefill ms", "mean_prefill_ms", "{:.0f}"),
+                ("context", "mean_context_chunks", "{:.1f}"), ("decode ms/tok", "decode_ms_per_token", "{:.1f}"),
+                ("drafts taken", "accepted_per_drafted", "{:.0%}"), ("accepted", "accepted_share", "{:.1%}"),
+                ("ES", "es", "{:.1f}")]
+EDITOR_COLUMNS = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
+                  ("prompt tok evaluated", "prompt_tokens_evaluated", "{:.0f}"),
+                  ("prompt tok reused", "prompt_tokens_reused", "{:.0f}"),
+                  ("tok generated", "tokens_generated", "{:.0f}"), ("accepted", "accepted_share", "{:.1%}"),
+                  ("ES", "es", "{:.1f}")]
 
 
 def default_sources(count: int) -> list[Path]:
@@ -24,23 +44,101 @@ def print_table(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"editor session: {report['model']} / {report['method']}, {report['pauses']} pauses "
-                        f"in {len(report['files'])} files")
-    cols = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
-            ("TTFT p95", "ttft_p95_ms", "{:.0f}"), ("prompt tok", "mean_prompt_tokens", "{:.0f}"),
-            ("cached", "cached_prompt_share", "{:.1%}"), ("prefill ms", "mean_prefill_ms", "{:.0f}"),
-            ("context", "mean_context_chunks", "{:.1f}"), ("decode ms/tok", "decode_ms_per_token", "{:.1f}"),
-            ("drafts taken", "accepted_per_drafted", "{:.0%}"), ("accepted", "accepted_share", "{:.1%}"),
-            ("ES", "es", "{:.1f}")]
+    line = report["client"] == "line"
+    cols = LINE_COLUMNS if line else EDITOR_COLUMNS
+    table = Table(title=f"editor session: {report['model']} / {report['method']}, {report['client']} "
+                        f"({report['pattern']}), {report['pauses']} pauses in {len(report['files'])} files")
     table.add_column("row", no_wrap=True)
     for name, _, _ in cols:
         table.add_column(name, justify="right")
     for row, stats in report["rows"].items():
-        table.add_row(row, *(fmt.format(stats[key]) for _, key, fmt in cols))
+        table.add_row(row, *("–" if stats[key] is None else fmt.format(stats[key]) for _, key, fmt in cols))
     console = Console(width=max(Console().width, 130))
     console.print(table)
-    console.print(f"p50 speedup from the cache: {report['p50_speedup']:.1f}x; identical completions cache on/off: "
-                  f"{report['identical_completions']:.0%}")
+    if line:
+        console.print(f"p50 speedup from the cache: {report['p50_speedup']:.1f}x; identical completions cache "
+                      f"on/off: {report['identical_completions']:.0%}")
+    else:
+        console.print("TTFT –: the client does not stream, so the first token is not seen before the whole answer")
+
+
+def progress(done: int, total: int) -> None:
+    print(f"\r{done}/{total} pauses", end="" if done < total else "\n", file=sys.stderr)
+
+
+def dyncomplete_options(args) -> list[str]:
+    return ["--method", args.method, "--methods", args.method, "--dtype", args.dtype, "--device", args.device,
+            "--quant", args.quant, "--context-budget", str(args.context_budget), "--log-level", "error"]
+
+
+def line_report(args, sources: list[Path]) -> dict:
+    """`--client line`: the prefix-only /v1/completions replay against dyncomplete, its rows the server's caches."""
+    from ..bench.launch import running_server
+    from ..bench.session import pauses_of, replay
+
+    if args.server != ["dyncomplete"] or args.pattern != "down":
+        raise ValueError("--client line types line starts (--pattern down) against dyncomplete only "
+                         "(--server dyncomplete): its rows switch dyncomplete's caches")
+    pauses = [p for path in sources for p in pauses_of(path, args.start, args.lines)]
+    if not pauses:
+        raise ValueError("no non-blank lines to replay in the given files")
+
+    def go(url, key):
+        return replay(url, args.model, args.method, pauses, args.max_tokens, key, progress, args.token_healing == "on",
+                      args.context_files, args.ngram_cache_row)
+
+    if args.url:
+        return go(args.url.rstrip("/"), args.api_key) | {"client": "line", "pattern": "line start"}
+    with running_server(args.model, *dyncomplete_options(args)) as (url, _):
+        return go(url, None) | {"client": "line", "pattern": "line start"}
+
+
+def dyncomplete_rows(args) -> dict:
+    from ..bench.launch import running_server
+
+    return {"dyncomplete": partial(running_server, args.model, *dyncomplete_options(args))}
+
+
+def llama_server_rows(args) -> dict:
+    """One row per --server-args (none: one row with llama-server's defaults), on the model's own GGUF file."""
+    from ..bench.launch import running_llama_server
+    from ..models.loading import registered_gguf
+
+    gguf = registered_gguf(args.model, progress=lambda m: print(m, file=sys.stderr))
+    return {f"llama-server {extra}".strip(): partial(running_llama_server, gguf, *shlex.split(extra))
+            for extra in args.server_args or [""]}
+
+
+SERVER_ROWS = {"dyncomplete": dyncomplete_rows, "llama-server": llama_server_rows}
+
+
+def editor_report(args, sources: list[Path]) -> dict:
+    """The editor replay, one row per server started (in turn, each stopped before the next)."""
+    from ..bench.session import CLIENTS, cursors_of, replay_editor, summarise_editor
+
+    if args.client == "continue" and "llama-server" in args.server:
+        raise ValueError("--client continue posts Ollama's /api/generate, which llama-server does not serve")
+    if args.server_args and "llama-server" not in args.server:
+        raise ValueError("--server-args are llama-server's: add --server llama-server")
+    cursors = [c for path in sources for c in cursors_of(path, args.pattern, args.start, args.lines)]
+    if not cursors:
+        raise ValueError("no non-blank lines to replay in the given files")
+
+    def go(url, headers):
+        return summarise_editor(replay_editor(url, args.model, args.client, cursors, args.n_predict, headers, progress))
+
+    if args.url:
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        rows = {args.url: go(args.url.rstrip("/"), headers)}
+    else:
+        starters = {name: start for server in args.server for name, start in SERVER_ROWS[server](args).items()}
+        rows = {}
+        for name, start in starters.items():
+            with start() as (url, _):
+                rows[name] = go(url, {})
+    return {"model": args.model, "method": args.method, "client": args.client, "pattern": args.pattern,
+            "route": CLIENTS[args.client].route, "n_predict": args.n_predict,
+            "files": sorted({c.file for c in cursors}), "pauses": len(cursors), "rows": rows}
 
 
 def run(args) -> int:
@@ -48,32 +146,12 @@ def run(args) -> int:
 
     import torch
 
-    from ..bench.launch import running_server
     from ..paths import cpu_name
 
-    # A terminated benchmark must still stop the server it started (the context manager's exit).
+    # A terminated benchmark must still stop the servers it started (the context managers' exits).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from ..bench.session import pauses_of, replay
-
     sources = [Path(s) for s in args.source] if args.source else default_sources(args.files)
-    pauses = [p for path in sources for p in pauses_of(path, args.start, args.lines)]
-    if not pauses:
-        raise ValueError("no non-blank lines to replay in the given files")
-
-    def progress(done, total):
-        print(f"\r{done}/{total} pauses", end="" if done < total else "\n", file=sys.stderr)
-
-    def go(url, key):
-        return replay(url, args.model, args.method, pauses, args.max_tokens, key, progress, args.token_healing == "on",
-                      args.context_files, args.ngram_cache_row)
-
-    if args.url:
-        report = go(args.url.rstrip("/"), args.api_key)
-    else:
-        options = ["--method", args.method, "--methods", args.method, "--dtype", args.dtype, "--device", args.device,
-                   "--quant", args.quant, "--context-budget", str(args.context_budget), "--log-level", "error"]
-        with running_server(args.model, *options) as (url, _):
-            report = go(url, None)
+    report = (line_report if args.client == "line" else editor_report)(args, sources)
     report |= {"command": shlex.join(["dyncomplete", *sys.argv[1:]]), "cpu": cpu_name(),
                "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     if args.out:
@@ -86,22 +164,34 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench-session", help="replay typing files through the server: latency with/without prefix cache")
+    p = sub.add_parser("bench-session", help="replay typing files through servers as editor plugins do")
     add_model_options(p)
-    p.add_argument("--method", default="baseline")
+    p.add_argument("--client", default="llama-vim", choices=CLIENT_NAMES,
+                   help="whose requests to replay: llama-vim, llama-vscode (/infill), continue (/api/generate), "
+                        "or line (prefix-only /v1/completions, prefix cache on and off)")
+    p.add_argument("--pattern", default="down", choices=PATTERN_NAMES,
+                   help="down: a pause per line, the cursor after the indentation; within: also a third and "
+                        "two thirds into the line (not with --client line)")
+    p.add_argument("--server", nargs="+", default=["dyncomplete"], choices=SERVERS,
+                   help="servers to start in turn, a row each (llama-server: built by install-reference.sh)")
+    p.add_argument("--server-args", action="append",
+                   help="llama-server's extra arguments, e.g. \"--spec-type ngram-mod\"; repeat for a row each")
+    p.add_argument("--method", default="baseline", help="dyncomplete's method")
     p.add_argument("--source", nargs="+", help="files to type (default: --files files of the stdlib test split)")
     p.add_argument("--files", type=int, default=2, help="how many test-split files when --source is not given")
-    p.add_argument("--lines", type=int, default=20, help="pauses (non-blank lines) replayed per file")
+    p.add_argument("--lines", type=int, default=20, help="non-blank lines typed per file")
     p.add_argument("--start", type=float, default=0.5, help="where typing starts, as a fraction of the file")
-    p.add_argument("--max-tokens", type=int, default=24, help="max_tokens of each request (stop at end of line)")
-    p.add_argument("--context-budget", type=int, default=1024, help="server's prompt budget in tokens")
+    p.add_argument("--n-predict", type=int, default=128,
+                   help="the editor clients' n_predict (Continue: options.num_predict); llama.vim's own is 128")
+    p.add_argument("--max-tokens", type=int, default=24, help="--client line: max_tokens (stop at end of line)")
+    p.add_argument("--context-budget", type=int, default=1024, help="dyncomplete's prompt budget in tokens")
     p.add_argument("--token-healing", default="on", choices=["on", "off"],
-                   help="the server's token healing (off: for methods without it, such as llama-cpp)")
+                   help="--client line: the server's token healing (off: for methods without it, such as llama-cpp)")
     p.add_argument("--context-files", type=int, default=0,
-                   help="send each typed file's folder (up to this many other .py files) to the server first, "
-                        "as an editor does, and use its memory of them; adds a no-context row")
+                   help="--client line: send each typed file's folder (up to this many other .py files) to the "
+                        "server first, as an editor does, and use its memory of them; adds a no-context row")
     p.add_argument("--ngram-cache-row", action="store_true",
-                   help="add a row without the server's cross-request n-gram cache (for n-gram drafting methods)")
+                   help="--client line: add a row without the server's cross-request n-gram cache")
     p.add_argument("--url", help="use this running server instead of starting one")
     p.add_argument("--api-key", help="with --url: the server's API key")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -1,0 +1,152 @@
+"""bench-session's editor replay: the bodies it sends are the plugins' literal bodies with the text
+fields cut from the file as llama.vim cuts them (256 lines before, the cursor line split, 64
+after), for both typing patterns; and every client replayed against a real server."""
+
+import json
+import sysconfig
+import tomllib
+from pathlib import Path
+
+import pytest
+from helpers import BODIES, SERVE_KEY
+
+from dyncomplete.bench import session
+from dyncomplete.bench.doc_tables import render_session
+from dyncomplete.bench.launch import LLAMA_CPP_VERSION
+from dyncomplete.cli import main
+from dyncomplete.commands import bench_session
+
+ROOT = Path(__file__).parents[1]
+
+
+def typed_file(folder: Path, lines: int = 400) -> Path:
+    """Line i is `vI = I`, every tenth an indented `    return I` under a `def`."""
+    text = "".join(f"    return {i}\n" if i % 10 == 9 else f"def f{i}():\n" if i % 10 == 8 else f"v{i} = {i}\n"
+                   for i in range(lines))
+    path = folder / "typed.py"
+    path.write_text(text)
+    return path
+
+
+def numbered(first: int, last: int) -> list[str]:
+    return [f"    return {i}" if i % 10 == 9 else f"def f{i}():" if i % 10 == 8 else f"v{i} = {i}"
+            for i in range(first, last)]
+
+
+def cursors_on(path: Path, pattern: str, line: int) -> list:
+    return [c for c in session.cursors_of(path, pattern, 0.0, 1000) if c.line == line]
+
+
+def test_down_pauses_after_the_indentation_with_the_windows_of_llama_vim(tmp_path):
+    cursors = session.cursors_of(typed_file(tmp_path), "down", 0.75, 2)  # lines 300 and 301 (0-based)
+    assert [(c.line, c.typed, c.line_text) for c in cursors] == [(301, "", "v300 = 300"), (302, "", "v301 = 301")]
+    first = cursors[0]
+    assert first.before == "\n".join(numbered(300 - 256, 300)) + "\n"
+    assert first.after == "\n" + "\n".join(numbered(301, 365)) + "\n"
+
+
+def test_within_pauses_grow_the_prefix_and_keep_the_suffix(tmp_path):
+    line = cursors_on(typed_file(tmp_path), "within", 310)  # "    return 309"
+    assert [c.typed for c in line] == ["    ", "    ret", "    return"]
+    assert len({c.after for c in line}) == len({c.before for c in line}) == 1
+    assert line[0].after.startswith("\nv310 = 310\n")
+
+
+def test_the_file_end_and_start_shorten_the_windows(tmp_path):
+    path = typed_file(tmp_path, 12)
+    (first, *_, last) = session.cursors_of(path, "down", 0.0, 100)
+    assert first.line == 2 and first.before == "v0 = 0\n"  # line 1 has nothing before it: no pause
+    assert last.line == 12 and last.after == "\n\n"
+
+
+def test_ring_chunks_are_the_first_64_lines_of_at_most_16_other_files(tmp_path):
+    path = typed_file(tmp_path)
+    for i in range(20):
+        (tmp_path / f"other{i:02d}.py").write_text("".join(f"w{j} = {j}\n" for j in range(100)))
+    (tmp_path / "tiny.py").write_text("x = 1\n")  # under 3 lines: llama.vim does not pick it
+    chunks = session.ring_chunks(path)
+    assert len(chunks) == 16 and [c["filename"] for c in chunks][:2] == [f"{tmp_path.name}/other00.py",
+                                                                          f"{tmp_path.name}/other01.py"]
+    assert chunks[0]["text"] == "".join(f"w{j} = {j}\n" for j in range(64))
+    assert all(set(c) == {"filename", "text", "time"} for c in chunks)
+
+
+def template_of(name: str) -> dict:
+    return json.loads((BODIES / name).read_text())
+
+
+@pytest.mark.parametrize("client, name", [("llama-vim", "llama_vim_infill.json"),
+                                          ("llama-vscode", "llama_vscode_infill.json")])
+def test_infill_bodies_are_the_templates_with_the_text_fields_filled(tmp_path, client, name):
+    down, typing, _ = cursors_on(typed_file(tmp_path), "within", 310)  # "    return 309"
+    extra = [{"filename": "x/a.py", "text": "a = 1\n", "time": 1.0}]
+    blank = session.CLIENTS[client].request(down, extra, 128, "m")
+    assert set(blank.body) == set(template_of(name))
+    assert blank.body | {"input_prefix": "", "input_suffix": "", "input_extra": [], "prompt": "", "n_indent": 0} == \
+        template_of(name) | {"input_prefix": "", "input_suffix": "", "input_extra": [], "prompt": "", "n_indent": 0}
+    assert (blank.body["input_prefix"], blank.body["input_suffix"]) == (down.before, down.after)
+    assert blank.body["input_extra"] == extra and blank.body["n_predict"] == 128
+    assert blank.body["prompt"] == "" and blank.target == "    return 309"  # whitespace only: the model writes it
+    assert blank.body["n_indent"] == {"llama-vim": 0, "llama-vscode": 4}[client]
+    typed = session.CLIENTS[client].request(typing, extra, 128, "m")
+    assert (typed.body["prompt"], typed.body["n_indent"], typed.target) == ("    ret", 4, "urn 309")
+
+
+def test_continue_sends_the_text_before_and_after_the_cursor(tmp_path):
+    cursor = cursors_on(typed_file(tmp_path), "within", 310)[1]
+    request = session.CLIENTS["continue"].request(cursor, [{"text": "unused"}], 16, "smollm2-135m")
+    expected = template_of("continue_ollama_generate.json")
+    assert set(request.body) == set(expected) and set(request.body["options"]) == set(expected["options"])
+    assert request.body["prompt"] == cursor.before + "    ret" and request.body["suffix"] == cursor.after
+    assert request.body["options"]["num_predict"] == 16 and request.body["model"] == "smollm2-135m"
+    assert request.target == "urn 309"
+
+
+def test_warming_bodies_carry_only_the_chunks():
+    extra = [{"filename": "x/a.py", "text": "a = 1\n", "time": 1.0}]
+    for client, name in [("llama-vim", "llama_vim_ring_update.json"), ("llama-vscode", "llama_vscode_warm.json")]:
+        assert session.CLIENTS[client].warm(extra).body == template_of(name) | {"input_extra": extra}
+    assert session.CLIENTS["continue"].warm is None
+
+
+def test_the_command_names_the_tables_clients_and_patterns():
+    assert set(bench_session.CLIENT_NAMES) == {*session.CLIENTS, "line"}
+    assert bench_session.PATTERN_NAMES == tuple(session.PATTERNS)
+
+
+def test_llama_cpp_version_is_the_pinned_reference():
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["reference"]
+    assert f"llama-cpp-python=={LLAMA_CPP_VERSION}" in extra
+
+
+def test_a_row_without_streaming_has_no_time_to_first_token_and_renders_a_dash(tmp_path):
+    answers = [{"latency_s": s, "ttft_s": None, "prompt_evaluated": e, "prompt_reused": 100 - e, "generated": 8,
+                "accepted": e > 10, "es": 50.0} for s, e in [(0.1, 100), (0.2, 20), (0.3, 10)]]
+    row = session.summarise_editor(answers)
+    assert row["ttft_p50_ms"] is None and row["prompt_tokens_evaluated"] == 20 and row["prompt_tokens_reused"] == 80
+    assert row["tokens_generated"] == 8 and row["accepted"] == 2
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"model": "m", "method": "baseline", "client": "llama-vim", "pattern": "down",
+                                  "files": ["a.py"], "pauses": 3, "rows": {"llama-server": row}, "command": "x"}))
+    table = render_session([(report, [])], ["row", "client", "ttft_p50", "prompt_evaluated", "prompt_reused",
+                                            "generated", "exact"])
+    assert table[-1] == "| llama-server | llama-vim | – | 20 | 80 | 8 | 2 of 3 |"
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("client, pattern, lines", [("llama-vim", "down", 2), ("llama-vscode", "within", 1),
+                                                     ("continue", "down", 2), ("line", "down", 2)])
+def test_every_client_replays_against_the_server(served, capsys, client, pattern, lines):
+    url, _ = served
+    source = Path(sysconfig.get_paths()["stdlib"]) / "colorsys.py"
+    argv = ["bench-session", "--model", "smollm2-135m", "--url", url, "--api-key", SERVE_KEY, "--source", str(source),
+            "--client", client, "--pattern", pattern, "--start", "0.3", "--lines", str(lines), "--n-predict", "8",
+            "--max-tokens", "8", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["client"], report["pauses"]) == (client, {"within": 3}.get(pattern, 2))
+    for row in report["rows"].values():
+        assert row["requests"] == report["pauses"] and row["p95_ms"] >= row["p50_ms"] > 0
+        assert row["tokens_generated"] > 0 and row["prompt_tokens_evaluated"] + row["prompt_tokens_reused"] > 0
+        assert 0 <= row["accepted"] <= row["requests"] and 0 <= row["es"] <= 100
+        assert (row["ttft_p50_ms"] is None) == (client.startswith("llama-"))
