@@ -15,7 +15,7 @@ from dyncomplete.models import load
 
 @pytest.fixture(scope="session")
 def smollm():
-    """SmolLM2-135M in float32 (the dtype in which identity is tested, see design.md)."""
+    """SmolLM2-135M in float32 (the dtype in which identity is tested, see docs/metrics.md)."""
     return load("smollm2-135m", dtype="float32", progress=lambda m: None)
 
 

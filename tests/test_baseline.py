@@ -37,7 +37,7 @@ def test_greedy_identical_to_generate_on_stdlib_prompts(fixture, request):
     if model.dtype == torch.float32:
         assert differ == []
     else:
-        # identity is a float32 promise (design.md). In bfloat16 the kernels' order of sums is the
+        # identity is a float32 promise (docs/metrics.md). In bfloat16 the kernels' order of sums is the
         # CPU's: 20 of 20 identical on the AMD EPYC, 16 of 20 on a Xeon with AMX
         assert len(differ) <= 5, differ
 

@@ -64,7 +64,7 @@ def test_rapl_without_zones_is_refused(tmp_path):
 
 @pytest.mark.model
 def test_cost_model_figures_of_smollm(smollm):
-    """design.md: one layer ~3.5M MACs per token, the 49k-vocabulary head ~28M."""
+    """docs/metrics.md: one layer ~3.5M MACs per token, the 49k-vocabulary head ~28M."""
     assert layer_macs(smollm) == pytest.approx(3.5e6, rel=0.03)
     assert head_macs(smollm) == 576 * 49152
 

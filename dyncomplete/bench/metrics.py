@@ -1,4 +1,4 @@
-"""Quality metrics of one prediction against its target (design.md §3).
+"""Quality metrics of one prediction against its target (docs/metrics.md).
 
 EM and ES follow CodeXGLUE's line-completion evaluator: both strings pass its `post_process`
 (literal placeholders such as `<NUM_LIT:0>` become their value), EM compares the whitespace

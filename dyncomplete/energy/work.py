@@ -1,4 +1,4 @@
-"""Compute per emitted token, relative to one full forward pass of one token (design.md §3).
+"""Compute per emitted token, relative to one full forward pass of one token (docs/metrics.md).
 
 One full pass = L decoder layers + one LM head. A decoder layer's multiply-accumulates per token
 are about its parameter count (every weight is used once per token; attention over the context

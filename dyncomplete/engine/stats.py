@@ -1,4 +1,4 @@
-"""`Stats` (work and time of one completion, definitions as in design.md section 3) and the
+"""`Stats` (work and time of one completion, definitions as in docs/metrics.md) and the
 `Completion` every method returns."""
 
 from __future__ import annotations

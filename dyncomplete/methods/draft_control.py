@@ -6,7 +6,7 @@ self-drafted one costs its shallow layers), so draft length follows evidence:
 - `AcceptanceTracker`: running acceptance per draft position, conditioned on the earlier
   positions having been accepted (Beta-smoothed, exponentially forgetting);
 - `best_length`: the length that maximises expected emitted tokens per unit of work, with the
-  cost model of design.md: E(k) = 1 + sum_j prod_{i<=j} a_i, work(k) = 1 + k * per_token_cost;
+  cost model of docs/metrics.md: E(k) = 1 + sum_j prod_{i<=j} a_i, work(k) = 1 + k * per_token_cost;
 - `ConfidenceStop` (Kangaroo) / `EntropyStop` (SVIP): end a self-draft early when its own
   distribution is unsure;
 - `ExitLayerController` (DEL-style): one tracker per candidate exit layer, picks the exit layer

@@ -15,7 +15,7 @@ grammar is `methods.registry.parse_method`'s):
   `kv=propagate`    skipped layers get keys/values projected from the exit hidden state (CALM,
                     GREEN-CODE); llama and qwen2 layouts only
 
-Work is counted as design.md section 3 defines it: every layer run (catch-up included) is a
+Work is counted as docs/metrics.md defines it: every layer run (catch-up included) is a
 layer evaluation, a propagated layer counts the fraction of a layer its key/value projections
 cost, every head evaluated (to decide or to emit) is a head evaluation, translators, shortlist
 heads and policy arithmetic go to `extra_macs`; `Stats.decision_macs` holds the part spent on

@@ -68,7 +68,7 @@ def exit_probabilities(net: AgentNet, data: ExitData, batch: int = 4096) -> np.n
 
 def evaluate(net: AgentNet, data: ExitData, thresholds, model, heads) -> list[dict]:
     """Per threshold T: share of tokens exited early, mean layers run, top-1 agreement with the
-    final layer and with the true next token, and compute per token (design.md §3: layers, one
+    final layer and with the true next token, and compute per token (docs/metrics.md: layers, one
     head where the token leaves, translator, agent checks; relative to one full pass)."""
     p = exit_probabilities(net, data)
     n = len(data.layers)
