@@ -1,5 +1,6 @@
-"""The server's own routes: the playground page, `/health`, and OpenAI's `/v1/models` and
-`/v1/completions` (one completion, whole or as server-sent events ending in `[DONE]`)."""
+"""The server's own routes: the playground page, `/health`, and OpenAI's `/v1/models`,
+`/v1/completions` and `/v1/chat/completions` (one completion, whole or as server-sent events
+ending in `[DONE]`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 
+from .chat import chat_body, chat_chunk, parse_chat
 from .http import read_json
 from .jobs import answer
 from .report import finish_reason
@@ -78,4 +80,30 @@ async def completions(request: Request):
                                usage_of(value), {**value["stats"], **extra})
 
     return await answer(server, request, req, final, lambda text: completion_body(rid, created, name, text, None),
+                        ApiError.body, sse_event, sse_response, "data: [DONE]\n\n")
+
+
+def render_chat(tokenizer):
+    if not getattr(tokenizer, "chat_template", None):
+        raise ApiError(400, "this model has no chat template: use /v1/completions", "messages", "no_chat_template")
+    return lambda turns: tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    server = server_of(request)
+    settings, name = server.settings, server.model.name
+    obj = await read_json(request, settings.max_body_bytes, settings.limits)
+    req = parse_chat(obj, name, server.methods, settings.max_tokens_limit, render_chat(server.model.tokenizer),
+                     request.headers.get("x-client-id"))
+    extra, rid, created = req.ignored(), f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+
+    def final(value, text=None):  # the whole answer (text given), or a stream's last chunk
+        finish, usage, stats = finish_reason(value["stats"]["stopped_by"]), usage_of(value), {**value["stats"], **extra}
+        if text is None:
+            return chat_chunk(rid, created, name, {}, finish, usage, stats)
+        return chat_body(rid, created, name, text, finish, usage, stats)
+
+    return await answer(server, request, req, final,
+                        lambda text: chat_chunk(rid, created, name, {"role": "assistant", "content": text}),
                         ApiError.body, sse_event, sse_response, "data: [DONE]\n\n")
