@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .request import (NEUTRAL, ApiError, CompletionRequest, allowed_method, check_text, ngram_cache,
-                      sampling_params, shown, typed)
+                      sampling_params, served_model, shown, typed)
 
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 256
@@ -42,15 +42,7 @@ def parse_chat(obj: dict, model_name: str, methods: Sequence[str], max_tokens_li
                client_header: str | None = None) -> CompletionRequest:
     """`render(messages)`: the prompt the model's chat template makes of them (ending where the
     assistant's answer starts)."""
-    model = typed(obj, "model", (str,), "a string")
-    if model is None:
-        raise ApiError(400, "model is required", "model")
-    if model != model_name:
-        raise ApiError(404, f"model {model!r} is not served here; this server serves {model_name!r}", "model",
-                       "model_not_found")
-    for key, allowed in NEUTRAL.items():
-        if key in obj and obj[key] not in allowed:
-            raise ApiError(400, f"{key}={shown(obj[key])} is not supported (only {allowed[1]!r})", key)
+    model = served_model(obj, model_name)
     for key, allowed in CHAT_NEUTRAL.items():
         if key in obj and obj[key] not in allowed:
             raise ApiError(400, f"{key}={shown(obj[key])} is not supported by this server", key)

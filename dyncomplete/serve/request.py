@@ -197,9 +197,9 @@ def clip_context(context: RepoContext | None, budget: int) -> RepoContext | None
     return RepoContext(kept, context.path, context.repo) if kept else None
 
 
-def parse_completion(obj: dict, model_name: str, methods: Sequence[str], max_tokens_limit: int,
-                     client_header: str | None = None) -> CompletionRequest:
-    """`methods`: the allowed ones, the default first."""
+def served_model(obj: dict, model_name: str) -> str:
+    """The body's `model`, which must be the one served, after refusing OpenAI fields we do not
+    honour at other than their neutral value."""
     model = typed(obj, "model", (str,), "a string")
     if model is None:
         raise ApiError(400, "model is required", "model")
@@ -209,6 +209,13 @@ def parse_completion(obj: dict, model_name: str, methods: Sequence[str], max_tok
     for key, allowed in NEUTRAL.items():
         if key in obj and obj[key] not in allowed:
             raise ApiError(400, f"{key}={shown(obj[key])} is not supported (only {allowed[1]!r})", key)
+    return model
+
+
+def parse_completion(obj: dict, model_name: str, methods: Sequence[str], max_tokens_limit: int,
+                     client_header: str | None = None) -> CompletionRequest:
+    """`methods`: the allowed ones, the default first."""
+    model = served_model(obj, model_name)
     prefix = _prompt(obj)
     suffix = typed(obj, "suffix", (str,), "a string")
     if suffix is not None:
