@@ -150,3 +150,30 @@ def test_every_client_replays_against_the_server(served, capsys, client, pattern
         assert row["tokens_generated"] > 0 and row["prompt_tokens_evaluated"] + row["prompt_tokens_reused"] > 0
         assert 0 <= row["accepted"] <= row["requests"] and 0 <= row["es"] <= 100
         assert (row["ttft_p50_ms"] is None) == (client.startswith("llama-"))
+
+
+@pytest.mark.model
+def test_llama_server_rows_replay_the_same_bodies(tmp_path, capsys):
+    """llama-server (built by install-reference.sh) on Qwen2.5-Coder-0.5B's own GGUF file, plain and
+    with n-gram drafting: a row each, started and stopped in turn. llama-server's /infill needs
+    a model with FIM tokens, which SmolLM2 has not."""
+    from dyncomplete.bench.launch import llama_cpp_binary
+    from dyncomplete.models import REGISTRY
+
+    try:
+        llama_cpp_binary("llama-server")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    if not REGISTRY["qwen2.5-coder-0.5b"].installed():
+        pytest.skip("qwen2.5-coder-0.5b is not installed: run `dyncomplete install qwen2.5-coder-0.5b`")
+    source = typed_file(tmp_path, 40)
+    (tmp_path / "other.py").write_text("def g(x):\n    return x * 2\n\n\nprint(g(3))\n")
+    argv = ["bench-session", "--model", "qwen2.5-coder-0.5b", "--server", "llama-server", "--server-args", "-c 2048",
+            "--server-args", "-c 2048 --spec-type ngram-mod", "--source", str(source), "--start", "0.5",
+            "--lines", "2", "--n-predict", "8", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["rows"]) == ["llama-server -c 2048", "llama-server -c 2048 --spec-type ngram-mod"]
+    for row in report["rows"].values():
+        assert row["requests"] == 2 and row["ttft_p50_ms"] is None and row["tokens_generated"] > 0
+        assert row["prompt_tokens_evaluated"] + row["prompt_tokens_reused"] > 0
