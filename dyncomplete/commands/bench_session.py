@@ -94,9 +94,12 @@ def line_report(args, sources: list[Path]) -> dict:
 
 
 def dyncomplete_rows(args) -> dict:
+    """One row per --dyncomplete-args (none: one row with the server's defaults)."""
     from ..bench.launch import running_server
 
-    return {"dyncomplete": partial(running_server, args.model, *dyncomplete_options(args))}
+    return {f"dyncomplete {extra}".strip(): partial(running_server, args.model, *dyncomplete_options(args),
+                                                    *shlex.split(extra))
+            for extra in args.dyncomplete_args or [""]}
 
 
 def llama_server_rows(args) -> dict:
@@ -120,22 +123,29 @@ def editor_report(args, sources: list[Path]) -> dict:
         raise ValueError("--client continue posts Ollama's /api/generate, which llama-server does not serve")
     if args.server_args and "llama-server" not in args.server:
         raise ValueError("--server-args are llama-server's: add --server llama-server")
+    if args.dyncomplete_args and "dyncomplete" not in args.server:
+        raise ValueError("--dyncomplete-args are dyncomplete's: add --server dyncomplete")
     cursors = [c for path in sources for c in cursors_of(path, args.pattern, args.start, args.lines)]
     if not cursors:
         raise ValueError("no non-blank lines to replay in the given files")
 
-    def go(url, headers):
-        return summarise_editor(replay_editor(url, args.model, args.client, cursors, args.n_predict, headers, progress))
+    texts = {}  # row -> its completions, to compare each row's with the first row's
+
+    def go(name, url, headers):
+        results = replay_editor(url, args.model, args.client, cursors, args.n_predict, headers, progress)
+        texts[name] = [r["text"] for r in results]
+        first = next(iter(texts.values()))
+        return summarise_editor(results) | {"same_as_first_row": sum(a == b for a, b in zip(texts[name], first)) / len(first)}
 
     if args.url:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        rows = {args.url: go(args.url.rstrip("/"), headers)}
+        rows = {args.url: go(args.url, args.url.rstrip("/"), headers)}
     else:
         starters = {name: start for server in args.server for name, start in SERVER_ROWS[server](args).items()}
         rows = {}
         for name, start in starters.items():
             with start() as (url, _):
-                rows[name] = go(url, {})
+                rows[name] = go(name, url, {})
     return {"model": args.model, "method": args.method, "client": args.client, "pattern": args.pattern,
             "route": CLIENTS[args.client].route, "n_predict": args.n_predict,
             "files": sorted({c.file for c in cursors}), "pauses": len(cursors), "rows": rows}
@@ -176,6 +186,9 @@ def register(sub) -> None:
                    help="servers to start in turn, a row each (llama-server: built by install-reference.sh)")
     p.add_argument("--server-args", action="append",
                    help="llama-server's extra arguments, e.g. \"--spec-type ngram-mod\"; repeat for a row each")
+    p.add_argument("--dyncomplete-args", action="append",
+                   help="dyncomplete serve's extra arguments, e.g. \"--cache-reuse 32\" or \"--cache-mb 0\" (full "
+                        "prefills); repeat for a row each")
     p.add_argument("--method", default="baseline", help="dyncomplete's method")
     p.add_argument("--source", nargs="+", help="files to type (default: --files files of the stdlib test split)")
     p.add_argument("--files", type=int, default=2, help="how many test-split files when --source is not given")
