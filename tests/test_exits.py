@@ -111,7 +111,7 @@ def test_simulate_and_calibrate_on_known_signals(smollm):
 @pytest.mark.model
 def test_layer_signals_agree_with_the_heads(smollm, tiny_data):
     heads = lens_heads(smollm, [20, 26])
-    signals = layer_signals(heads, tiny_data)
+    signals = layer_signals(heads, tiny_data, ["confidence", "margin"])
     assert signals.agree.shape == (2, len(tiny_data))
     assert torch.allclose(signals.agree.float().mean(1), torch.tensor(list(agreement(heads, tiny_data).values())))
     conf = signals.scores["confidence"]

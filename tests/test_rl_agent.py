@@ -39,7 +39,7 @@ def test_threshold_one_never_exits(trained):
     data, net, _ = trained
     strict, loose = RLPolicy(1.0, net, data.num_layers), RLPolicy(0.5, net, data.num_layers)
     easy = torch.from_numpy(data.hidden[0, 0].astype(np.float32))
-    assert strict.p_exit(2, easy) > 0.8
+    assert float(strict.scores(2, easy)) > 0.8
     assert loose.decide(2, easy, None)
     for token in range(len(data)):
         for i, layer in enumerate(data.layers):
@@ -66,6 +66,6 @@ def test_batched_scores_equal_single_decisions(trained):
     data, net, _ = trained
     policy = RLPolicy(0.5, net, data.num_layers)
     hidden = torch.from_numpy(data.hidden[:, 1].astype(np.float32)) * 3.0  # scale is normalised away
-    single = torch.tensor([policy.p_exit(4, h) for h in hidden])
+    single = torch.tensor([float(policy.scores(4, h)) for h in hidden])
     torch.testing.assert_close(policy.scores(4, hidden), single)
     torch.testing.assert_close(single, torch.from_numpy(exit_probabilities(net, data)[:, 1]), atol=1e-3, rtol=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..exits.policies import POLICIES
+from ..exits.policies import POLICIES, policy_class
 from ..exits.shortlist import DEFAULT_SIZE
 from ._common import add_model_options, load_from_args
 
@@ -14,7 +14,7 @@ from ._common import add_model_options, load_from_args
 def run(args) -> int:
     from ..exits.heads import lens_heads, load_heads
     from ..exits.shortlist import Shortlist
-    from ..training.calibrate import LOGIT_SCORES, calibrate, layer_signals, score_of
+    from ..training.calibrate import calibrate, layer_signals
     from ..training.collect import cached_collect
 
     model = load_from_args(args)
@@ -22,13 +22,13 @@ def run(args) -> int:
     if args.lens:
         heads = lens_heads(model, heads.layers)
     data = cached_collect(model, heads.layers, "calib", args.tokens)
-    signals = layer_signals(heads, data, shortlist=Shortlist(model, args.short) if args.short else None)
-    suffix = "" if args.short == DEFAULT_SIZE else f"/short={args.short}"
     names = list(POLICIES) if args.policy == "all" else args.policy.split(",")
+    signals = layer_signals(heads, data, names, shortlist=Shortlist(model, args.short) if args.short else None)
+    suffix = "" if args.short == DEFAULT_SIZE else f"/short={args.short}"
     results = {}
     for name in names:
-        signals.scores[name] = score_of(name, heads, signals, data)
-        results[name] = {t: calibrate(heads, signals, name, t, suffix=suffix if name in LOGIT_SCORES else "")
+        shortlisted = policy_class(name).needs_logits
+        results[name] = {t: calibrate(heads, signals, name, t, suffix=suffix if shortlisted else "")
                          for t in args.target}
         for t, r in results[name].items():
             print(f"{r['method']:<40} target {t:.3f}: agreement {r['agreement']:.3f}, "

@@ -98,21 +98,14 @@ class RLPolicy(ExitPolicy):
         self.net = net
         self.num_layers = num_layers
 
-    @torch.inference_mode()
-    def p_exit(self, e: int, hidden: torch.Tensor) -> float:
-        return float(self.net.p_exit(features(hidden, e, self.num_layers)))
-
-    def decide(self, e, hidden, logits):
-        return self.p_exit(e, hidden) > self.threshold
+    @classmethod
+    def build(cls, threshold, model, heads):
+        return cls(threshold, load_agent(model)[0], model.num_layers)
 
     @torch.inference_mode()
-    def scores(self, e: int, hidden: torch.Tensor) -> torch.Tensor:
-        """P(exit) for many tokens' hidden states (N, d) at exit layer e (offline calibration)."""
+    def scores(self, e: int, hidden: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """P(exit) for tokens' hidden states (..., d) at exit layer e."""
         return self.net.p_exit(features(hidden, e, self.num_layers))
 
     def decision_macs(self) -> float:
         return self.net.macs()
-
-
-def build(name, threshold, model, heads) -> RLPolicy:
-    return RLPolicy(threshold, load_agent(model)[0], model.num_layers)

@@ -34,12 +34,15 @@ class Classifier(ExitPolicy):
         super().__init__(threshold)
         self.model, self.mlps = model, mlps
 
-    @torch.no_grad()
-    def scores(self, e: int, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.mlps[e](features(self.model, hidden))).reshape(hidden.shape[:-1])
+    @classmethod
+    def build(cls, threshold, model, heads):
+        return cls(threshold, model, load_classifier(model))
 
-    def decide(self, e, hidden, logits):
-        return e in self.mlps and float(self.scores(e, hidden)) > self.threshold
+    @torch.no_grad()
+    def scores(self, e: int, hidden: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor:
+        if e not in self.mlps:  # a layer it was not trained for never exits
+            return torch.full(hidden.shape[:-1], -torch.inf)
+        return torch.sigmoid(self.mlps[e](features(self.model, hidden))).reshape(hidden.shape[:-1])
 
     def decision_macs(self):
         return float(self.model.hidden_size * (WIDTH + 1) + WIDTH)
@@ -54,7 +57,3 @@ def load_classifier(model, path: Path | None = None) -> dict[int, torch.nn.Modul
         mlp.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == str(e)})
         mlps[e] = mlp.requires_grad_(False)
     return mlps
-
-
-def build(name, threshold, model, heads) -> Classifier:
-    return Classifier(threshold, model, load_classifier(model))
