@@ -9,7 +9,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..data.datasets import NAMED
 from ..methods import parse_method
+from ..methods.registry import family_list
 from ._common import add_model_options, load_from_args
 
 
@@ -79,9 +81,10 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="compare decoding methods on a dataset (quality, speed, energy)")
     add_model_options(p)
     p.add_argument("--dataset", required=True,
-                   help="line-py, line-java, humaneval, humaneval-sl, humaneval-ml, or a CodeXGLUE-style .jsonl file")
+                   help=f"{', '.join(NAMED)}, or a CodeXGLUE-style .jsonl file")
     p.add_argument("--methods", default="baseline",
-                   help="comma-separated method names, e.g. baseline,hf-generate (baseline is always run)")
+                   help="comma-separated method names, e.g. baseline,hf-generate (baseline is always run); "
+                        f"families {family_list()}")
     p.add_argument("--sweep", action="append", metavar="FAMILY@T1,T2,...",
                    help="add FAMILY@T for each threshold and plot the family as a curve (repeatable)")
     p.add_argument("--limit", type=int, default=None, help="first N examples (line-py, line-java: default 200)")

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..methods.registry import family_list
 from ._common import EDITOR_MODEL, add_model_options, load_from_args
 
 
@@ -43,7 +44,8 @@ def run(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("complete", help="complete code read from stdin (the code before the cursor)")
     add_model_options(p, EDITOR_MODEL)
-    p.add_argument("--method", default="baseline", help="decoding method, e.g. baseline, lookup, early-exit:confidence@0.9")
+    p.add_argument("--method", default="baseline",
+                   help=f"decoding method, e.g. early-exit:confidence@0.9; families {family_list()}")
     p.add_argument("--prefix-file", help="file with the code before the cursor (default: stdin)")
     p.add_argument("--suffix-file", help="file with the code after the cursor (fill-in-the-middle)")
     p.add_argument("--token-healing", action=argparse.BooleanOptionalAction, default=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..methods.registry import family_list
 from ._common import EDITOR_MODEL, add_model_options, load_from_args
 
 
@@ -77,7 +78,8 @@ def positive(kind):
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve completions over HTTP (OpenAI /v1/completions) with a web page")
     add_model_options(p, EDITOR_MODEL)
-    p.add_argument("--method", default="baseline", help="default decoding method (always allowed)")
+    p.add_argument("--method", default="baseline",
+                   help=f"default decoding method (always allowed); families {family_list()}")
     p.add_argument("--methods", default=None,
                    help="comma-separated methods a request may pick besides --method, all built at start "
                         "(default: baseline,lookup, which load nothing)")

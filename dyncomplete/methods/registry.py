@@ -65,6 +65,13 @@ def families() -> list[str]:
     return sorted(FAMILIES)
 
 
+def family_list() -> str:
+    """The families for messages and help texts: "baseline, ...; wrappers +stop"."""
+    plain = ", ".join(f for f in families() if not FAMILIES[f].wrapper)
+    wrappers = ", ".join(f"+{f}" for f in families() if FAMILIES[f].wrapper)
+    return f"{plain}; wrappers {wrappers}"
+
+
 def parse_method(text: str) -> MethodName:
     """Check `text` against the grammar and its family's form; ValueError says what is wrong."""
     if not isinstance(text, str) or not text.strip():
@@ -80,9 +87,7 @@ def _parse_one(part: str, text: str, inner: MethodName | None) -> MethodName:
     body = rest[1:] if rest.startswith(":") else rest
     family = FAMILIES.get(name)
     if family is None or family.wrapper != (inner is not None):
-        plain = ", ".join(f for f in families() if not FAMILIES[f].wrapper)
-        wrappers = ", ".join(f"+{f}" for f in families() if FAMILIES[f].wrapper)
-        raise ValueError(f"unknown method {text!r}: known families are {plain}; wrappers {wrappers}")
+        raise ValueError(f"unknown method {text!r}: known families are {family_list()}")
     if inner is not None and not FAMILIES[inner.family].wrappable:
         why = "one wrapper per method" if FAMILIES[inner.family].wrapper else \
             f"{inner.family} does not decode through dyncomplete's loop"

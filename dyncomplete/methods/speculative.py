@@ -6,33 +6,25 @@ keeps the agreeing prefix plus the model's own next token; the cache is cropped 
 rejected positions, in every layer. Greedy output is token-identical to `baseline` (in float32);
 sampled output has exactly its distribution.
 
-Method names (parsed by `registry.parse_method`):
-  lookup[:K]                    n-gram lookup, at most K tokens per draft (default 10)
-  self-spec[:E[/K]]             self-draft from exit layer E, K tokens (defaults: see DEFAULT_*)
-  self-spec:dynamic[@C]         DEL-style choice of exit layer and length, confidence stop at C
-  self-spec:entropy[@H]         the same with an entropy stop at H nats (SVIP)
-  lookup+self[:E[/K]]           lookup where the context matches, self-draft otherwise
-  draft-model:ALIAS[/K][/tree]  a smaller model of the same tokenizer drafts K tokens (/tree: with its
-                                runner-up token beside each, as one token tree)
-  retrieval:STORE[/K][/tree]    the datastore STORE (`dyncomplete index`) or the context's lookup,
-                                one chain of at most K tokens (/tree: both as one token tree)
-  stand[:K][/tree]              the likeliest continuations by n-gram counts (STAND), a chain of
-                                at most K tokens (/tree: a token tree of at most K)
+Each drafter family has one builder in `PROPOSERS` (its method names are described there; the
+grammar is its `Family` line in `registry.FAMILIES`).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from ..engine import DecodingMethod
 from ..engine.sampling import choose_token
 from ..exits.heads import load_heads
-from ..models import load
+from ..models import LayeredModel, load
 from ..models.verify_cost import verify_cost
 from .draft_control import ConfidenceStop, EntropyStop, ExitLayerController, expected_tokens
 from .datastore import Datastore
 from .proposers import (DraftModelProposer, LookupProposer, LookupThenSelf, Proposer, RetrievalProposer,
                         SelfDraftProposer, self_draft_costs)
+from .registry import MethodName
 from .stand import StandProposer
 from .verify import accept, accept_tree, commit_path, score
 
@@ -143,27 +135,64 @@ def default_exit_layer(model, heads) -> int:
                / (1 + DEFAULT_SELF_DRAFT * costs[e]))
 
 
-def build(name, model) -> SpeculativeDecoding:
-    if name.family == "lookup":
-        return SpeculativeDecoding(LookupProposer(*_ints(name.args, "MAX_DRAFT"), verify_cost=verify_cost(model)))
-    if name.family == "stand":
-        return SpeculativeDecoding(StandProposer(*_ints(name.args, "MAX_DRAFT"), verify_cost=verify_cost(model),
-                                                 tree="tree" in name.options))
-    if name.family == "self-spec":
-        return SpeculativeDecoding(_self_draft(model, name.args, name.threshold))
-    if name.family == "lookup+self":
-        return SpeculativeDecoding(LookupThenSelf(LookupProposer(verify_cost=verify_cost(model)),
-                                                  _self_draft(model, name.args, None)))
-    if name.family == "retrieval":
-        if not name.arg(0):
-            raise ValueError("retrieval needs a datastore: retrieval:STORE[/K] (build one with `dyncomplete index`)")
-        store = Datastore.for_model(model, name.arg(0))
-        return SpeculativeDecoding(RetrievalProposer(store, *_ints(name.args[1:], "MAX_DRAFT"),
-                                                     verify_cost=verify_cost(model), tree="tree" in name.options))
+def lookup(name, model) -> LookupProposer:
+    """lookup[:K]: n-gram lookup, at most K tokens per draft (default 10)."""
+    return LookupProposer(*_ints(name.args, "MAX_DRAFT"), verify_cost=verify_cost(model))
+
+
+def self_spec(name, model) -> SelfDraftProposer:
+    """self-spec[:E[/K]]: self-draft from exit layer E, K tokens (defaults: see DEFAULT_*);
+    self-spec:dynamic[@C]: DEL-style choice of exit layer and length, confidence stop at C;
+    self-spec:entropy[@H]: the same with an entropy stop at H nats (SVIP)."""
+    return _self_draft(model, name.args, name.threshold)
+
+
+def lookup_then_self(name, model) -> LookupThenSelf:
+    """lookup+self[:E[/K]]: lookup where the context matches, self-draft otherwise."""
+    return LookupThenSelf(LookupProposer(verify_cost=verify_cost(model)), _self_draft(model, name.args, None))
+
+
+def draft_model(name, model) -> DraftModelProposer:
+    """draft-model:ALIAS[/K][/tree]: a smaller model of the same tokenizer drafts K tokens (/tree:
+    with its runner-up token beside each, as one token tree)."""
     alias = name.arg(0)
     if not alias:
         raise ValueError("draft-model needs a model: draft-model:ALIAS[/K][/tree]")
     draft = load(alias, dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
                  progress=lambda m: None, quant=model.quant)  # the target's weight format and kernels
-    return SpeculativeDecoding(DraftModelProposer(draft, model, *_ints(name.args[1:], "DRAFT_LENGTH"),
-                                                  tree="tree" in name.options))
+    return DraftModelProposer(draft, model, *_ints(name.args[1:], "DRAFT_LENGTH"), tree="tree" in name.options)
+
+
+def retrieval(name, model) -> RetrievalProposer:
+    """retrieval:STORE[/K][/tree]: the datastore STORE (`dyncomplete index`) or the context's
+    lookup, one chain of at most K tokens (/tree: both as one token tree)."""
+    if not name.arg(0):
+        raise ValueError("retrieval needs a datastore: retrieval:STORE[/K] (build one with `dyncomplete index`)")
+    store = Datastore.for_model(model, name.arg(0))
+    return RetrievalProposer(store, *_ints(name.args[1:], "MAX_DRAFT"), verify_cost=verify_cost(model),
+                             tree="tree" in name.options)
+
+
+def stand(name, model) -> StandProposer:
+    """stand[:K][/tree]: the likeliest continuations by n-gram counts (STAND), a chain of at most K
+    tokens (/tree: a token tree of at most K)."""
+    return StandProposer(*_ints(name.args, "MAX_DRAFT"), verify_cost=verify_cost(model), tree="tree" in name.options)
+
+
+# Every drafter family: name -> the builder of its proposer from the parsed name and the target
+# model. A new drafter is its module (a `Proposer` and its builder) plus one line here, and its
+# family's grammar in `registry.FAMILIES` (module "dyncomplete.methods.speculative").
+PROPOSERS: dict[str, Callable[[MethodName, LayeredModel], Proposer]] = {
+    "lookup": lookup,
+    "self-spec": self_spec,
+    "lookup+self": lookup_then_self,
+    "draft-model": draft_model,
+    "retrieval": retrieval,
+    "stand": stand,
+}
+
+
+def build(name: MethodName, model: LayeredModel) -> SpeculativeDecoding:
+    if name.family not in PROPOSERS:
+        raise ValueError(f"{name.family!r} is not a drafter family: speculative.PROPOSERS has {', '.join(PROPOSERS)}")
+    return SpeculativeDecoding(PROPOSERS[name.family](name, model))
