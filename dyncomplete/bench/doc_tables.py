@@ -144,8 +144,8 @@ def bench_command(run: dict, methods: list[str]) -> str:
 def session_command(report: dict) -> str:
     if report.get("command"):
         return report["command"]
-    parts = ["dyncomplete", "bench-session", "--model", report["model"], "--method", report["method"],
-             "--lines", str(report["pauses"] // len(report["files"]))]
+    parts = ["dyncomplete", "bench-session", "--client", report.get("client", "line"), "--model", report["model"],
+             "--method", report["method"], "--lines", str(report["pauses"] // len(report["files"]))]
     if report.get("context_files"):
         parts += ["--context-files", str(report["context_files"])]
     if not report.get("token_healing", True):
