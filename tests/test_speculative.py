@@ -157,8 +157,9 @@ def test_cache_matches_plain_decoding_and_no_layer_runs_twice(smollm, prompts, m
     plain = smollm.new_cache()
     want = Baseline().generate(smollm, ids, params, cache=plain)
     runs = []
-    real = smollm.run_layer
-    monkeypatch.setattr(smollm, "run_layer", lambda i, h, ctx, c: runs.append(h.shape[1]) or real(i, h, ctx, c))
+    engine = smollm.engines[smollm.engine]  # every layer evaluation, alone or in a run of layers, ends here
+    real = engine.run_layer
+    monkeypatch.setattr(engine, "run_layer", lambda i, h, ctx, c: runs.append(h.shape[1]) or real(i, h, ctx, c))
     cache = smollm.new_cache()
     method = SpeculativeDecoding(SelfDraftProposer(lens_heads(smollm, [20]), 20, max_draft=3))
     out = method.generate(smollm, ids, params, cache=cache)
