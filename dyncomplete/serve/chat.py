@@ -67,22 +67,23 @@ def parse_chat(obj: dict, model_name: str, methods: Sequence[str], max_tokens_li
     )
 
 
-def chat_body(rid: str, created: int, model: str, text: str, finish: str | None, usage=None, stats=None):
-    body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish}]}
+def openai_body(kind: str, rid: str, created: int, model: str, choice: dict, usage=None, stats=None) -> dict:
+    """One OpenAI response object or stream chunk of one choice, with `usage` and the `dyncomplete`
+    statistics where given (the completions and chat endpoints share it)."""
+    body = {"id": rid, "object": kind, "created": created, "model": model,
+            "choices": [{"index": 0, **choice, "logprobs": None}]}
     if usage is not None:
         body["usage"] = usage
     if stats is not None:
         body["dyncomplete"] = stats
     return body
+
+
+def chat_body(rid: str, created: int, model: str, text: str, finish: str | None, usage=None, stats=None):
+    return openai_body("chat.completion", rid, created, model,
+                       {"message": {"role": "assistant", "content": text}, "finish_reason": finish}, usage, stats)
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None = None, usage=None, stats=None):
-    body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-    if usage is not None:
-        body["usage"] = usage
-    if stats is not None:
-        body["dyncomplete"] = stats
-    return body
+    return openai_body("chat.completion.chunk", rid, created, model, {"delta": delta, "finish_reason": finish},
+                       usage, stats)

@@ -11,7 +11,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 
-from .chat import chat_body, chat_chunk, parse_chat
+from .chat import chat_body, chat_chunk, openai_body, parse_chat
 from .http import read_json
 from .jobs import answer
 from .report import finish_reason
@@ -25,13 +25,7 @@ router = APIRouter()
 
 
 def completion_body(rid: str, created: int, model: str, text: str, finish: str | None, usage=None, stats=None):
-    body = {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
-    if usage is not None:
-        body["usage"] = usage
-    if stats is not None:
-        body["dyncomplete"] = stats
-    return body
+    return openai_body("text_completion", rid, created, model, {"text": text, "finish_reason": finish}, usage, stats)
 
 
 def usage_of(result: dict) -> dict:
