@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from . import native
 from .integrity import check_assembled, check_cached, check_gguf_copy, record_digest
 from .layered import LayeredModel
 from .registry import REGISTRY, ModelError, cache_root, cached_dir, lookup, sha256_of
@@ -182,6 +183,8 @@ def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, qu
     if base:
         model, sha = merge_adapter(model, name, sha)
     try:
-        return LayeredModel(model, tokenizer, name=name, source_sha256=sha, engine=engine, quant=quant)
+        layered = LayeredModel(model, tokenizer, name=name, source_sha256=sha, engine=engine, quant=quant)
     except ValueError as exc:
         raise ModelError(f"{name}: {exc}") from exc
+    native.release_thread_pool()  # the server decodes in another thread than this one (see there)
+    return layered

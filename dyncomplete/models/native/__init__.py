@@ -89,6 +89,7 @@ def compile_library(target: Path, flags: list[str] = FLAGS) -> ctypes.CDLL:
     lib.linear_workspace_floats.argtypes, lib.linear_workspace_floats.restype = [i32, i32, i32], ctypes.c_long
     lib.linear_bf16.argtypes = [ctypes.POINTER(Linear), ptr, i32, ptr, ptr]
     lib.linear_bf16.restype = None
+    lib.omp_pause_resource_all.argtypes, lib.omp_pause_resource_all.restype = [i32], i32  # from OpenMP's runtime
     return lib
 
 
@@ -97,6 +98,19 @@ def library() -> ctypes.CDLL:
     """The compiled kernels for this CPU, built into the cache on first use."""
     digest = hashlib.sha256((source_digest() + cpu_name()).encode()).hexdigest()[:16]
     return compile_library(cache_root() / "native" / f"decode-{digest}.so")
+
+
+def release_thread_pool() -> None:
+    """Free the calling thread's idle OpenMP threads (OpenMP 5's `omp_pause_resource_all`, soft).
+
+    libgomp keeps idle threads spinning, for a quick start of the next parallel region, only while
+    the process holds no more OpenMP threads than CPUs. The server loads its model in one thread
+    and decodes in another: the loading thread's idle pool then counts, each of the decode step's
+    short parallel regions wakes sleeping threads instead, and int4 decoding ran at half speed.
+    A pool comes back when its thread runs a region again. Nothing to do where the kernels were
+    never loaded."""
+    if library.cache_info().currsize:
+        library().omp_pause_resource_all(1)  # omp_pause_soft
 
 
 def available() -> bool:
