@@ -50,10 +50,10 @@ def test_fim_layout_and_budget_split():
     assert p.fim and p.ids == [1000, 97, 98, 99, 1001, 120, 121, 122, 1002]
     p = build_prompt(tok, "a" * 100, "b" * 100, budget=44)
     assert len(p.ids) == 44 and p.truncated
-    # the prefix is cut to at most three quarters of the budget (in steps of a quarter: 28 of 33),
-    # and the suffix keeps its start in the room left
-    assert p.ids[1:29] == [97] * 28 and p.ids[29] == 1001
-    assert p.ids[30:43] == [98] * 13
+    # the prefix is cut to at most three quarters of the budget (one line: its last 32 of 33), the
+    # suffix keeps its start in a quarter of the room (10 of 41), and the prefix its end in the rest
+    assert p.ids[1:32] == [97] * 31 and p.ids[32] == 1001
+    assert p.ids[33:43] == [98] * 10
 
 
 @pytest.mark.model
@@ -62,3 +62,10 @@ def test_empty_prompt_and_tiny_budget_are_refused(smollm):
         build_prompt(smollm.tokenizer, "")
     with pytest.raises(ValueError, match="at least 8"):
         build_prompt(smollm.tokenizer, "x", budget=2)
+
+
+def test_a_suffix_budget_keeps_the_start_of_the_suffix():
+    tok = FimTokenizer()
+    p = build_prompt(tok, "abc", "x" * 50, suffix_budget=8)
+    assert p.ids == [1000, 97, 98, 99, 1001, *[120] * 8, 1002] and p.truncated
+    assert build_prompt(tok, "abc", "xyz", suffix_budget=8).ids == build_prompt(tok, "abc", "xyz").ids

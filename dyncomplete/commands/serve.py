@@ -56,6 +56,7 @@ def run(args) -> int:
                         limits=Limits(max_connections=args.max_connections), api_key=api_key,
                         queue_size=args.queue_size, request_timeout_s=args.timeout,
                         max_tokens_limit=args.max_tokens_limit, context_budget=args.context_budget,
+                        suffix_budget=args.suffix_budget,
                         cache_bytes=int(args.cache_mb * 2**20), cache_reuse=args.cache_reuse,
                         client_memory=args.client_memory == "on",
                         ngram_cache=args.ngram_cache == "on")
@@ -65,11 +66,12 @@ def run(args) -> int:
     return 0
 
 
-def positive(kind):
+def positive(kind, zero: bool = False):
+    """An argparse type of `kind` that is > 0 (>= 0 with `zero`)."""
     def parse(text):
         value = kind(text)
-        if value <= 0:
-            raise ValueError(f"must be > 0, got {text}")
+        if value < 0 or value == 0 and not zero:
+            raise ValueError(f"must be {'>=' if zero else '>'} 0, got {text}")
         return value
     parse.__name__ = kind.__name__
     return parse
@@ -96,6 +98,10 @@ def register(sub) -> None:
     p.add_argument("--max-tokens-limit", type=positive(int), default=1024, help="largest max_tokens accepted")
     p.add_argument("--context-budget", type=positive(int), default=1024,
                    help="prompt tokens kept; a longer prefix is cut at a stable line start (see docs)")
+    p.add_argument("--suffix-budget", type=positive(int, zero=True), default=0, metavar="N",
+                   help="keep at most N tokens of the suffix (fill-in-the-middle), which every change before "
+                        "the cursor prefills again (0: up to a quarter of the context budget, more when the "
+                        "prefix leaves room)")
     p.add_argument("--cache-mb", type=float, default=512, help="prefix-cache memory bound in MiB (0: off)")
     p.add_argument("--cache-reuse", type=int, default=0, metavar="N",
                    help="also reuse runs of at least N tokens of the last prompt at new positions, keys rotated "

@@ -12,7 +12,7 @@ itself included); the completion's text then begins after the dropped text. The 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import torch
 
@@ -21,6 +21,13 @@ import torch
 def _token_texts(tokenizer) -> tuple[str, ...]:
     """The text of every token id, decoded alone (once per tokenizer)."""
     return tuple(tokenizer.batch_decode([[i] for i in range(len(tokenizer))]))
+
+
+@lru_cache(maxsize=4096)
+def _extensions(tokenizer, tail: str) -> tuple[int, ...]:
+    """Ids of the tokens whose text starts with `tail` (a pass over the vocabulary, kept for the
+    tails a session meets again: the indentations and newlines before a cursor)."""
+    return tuple(i for i, text in enumerate(_token_texts(tokenizer)) if text.startswith(tail))
 
 
 @dataclass
@@ -46,7 +53,7 @@ def plan(tokenizer, prompt_ids: list[int]) -> Healing | None:
     tail = texts[tail_id] if tail_id < len(texts) else ""
     if not tail or "\ufffd" in tail:  # empty, or part of a multi-byte character
         return None
-    allowed = [i for i, text in enumerate(texts) if text.startswith(tail)]
+    allowed = _extensions(tokenizer, tail)
     if len(allowed) < 2 or tail_id not in allowed:
         return None
     return Healing(tail_id, tail, torch.tensor(allowed))

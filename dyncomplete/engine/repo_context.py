@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 
 REPO_TOKENS = ("<|repo_name|>", "<|file_sep|>")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -47,7 +48,9 @@ class RepoContext:
         return cls([Chunk(str(e.get("filename", "")), str(e["text"])) for e in extra], path, repo)
 
 
+@cache
 def repo_token_ids(tokenizer) -> tuple[int, int] | None:
+    """Qwen2.5-Coder's repository markers' ids, or None (once per tokenizer, as `fim_tokens`)."""
     vocab = tokenizer.get_vocab()
     return (vocab[REPO_TOKENS[0]], vocab[REPO_TOKENS[1]]) if all(t in vocab for t in REPO_TOKENS) else None
 

@@ -33,6 +33,7 @@ class Settings:
     request_timeout_s: float = 60.0
     max_tokens_limit: int = 1024
     context_budget: int = DEFAULT_CONTEXT_BUDGET
+    suffix_budget: int = 0  # suffix tokens kept at most (0: the share of context_budget the prompt builder gives)
     cache_bytes: int = 512 * 2**20
     cache_reuse: int = 0  # reuse runs of at least this many tokens of the last prompt at new positions (0: off)
     client_memory: bool = True  # remember the files each editor sent and retrieve from them
@@ -50,7 +51,7 @@ class Server:
         self.client_history = ClientHistory() if settings.ngram_cache else None
         self.methods = list(dict.fromkeys((settings.default_method, *settings.methods)))
         self.worker = Worker(model, self.methods, settings.queue_size, settings.context_budget, self.prefix_cache,
-                             self.client_files, self.client_history)
+                             self.client_files, self.client_history, settings.suffix_budget)
         self.method_families = families()
 
 
