@@ -65,15 +65,32 @@ def test_memory_bound_eviction_and_subsumed_entries(smollm):
     assert isinstance(kv, KVCache)
 
 
-def test_stable_window_keeps_the_start_while_typing(smollm):
+def window_starts(smollm, prefixes, budget):
+    """Where each prefix's kept text starts, as (index of the prefix's first character in the
+    whole text, token count kept); `prefixes` are (offset in the whole text, text)."""
+    kept = []
+    for offset, text in prefixes:
+        window, cut = stable_prefix(smollm.tokenizer, text, budget)
+        assert cut and text.endswith(window)
+        kept.append((offset + len(text) - len(window), len(ids_of(smollm, window))))
+    return kept
+
+
+@pytest.mark.parametrize("pattern", ["typing", "sliding"])
+def test_stable_window_keeps_the_start(smollm, pattern):
+    """Typing at the end of a file, and moving down it with llama.vim's window (a fixed number of
+    lines before the cursor): the prompt's start moves at fewer than a third of the steps, and
+    it keeps between half the budget and the budget."""
     budget = 256
-    starts, lengths = [], []
-    for end in range(4000, 4400, 10):  # typing 400 characters into a file longer than the budget
-        text, cut = stable_prefix(smollm.tokenizer, SOURCE[:end], budget)
-        assert cut and SOURCE[:end].endswith(text)
-        starts.append(end - len(text))
-        lengths.append(len(ids_of(smollm, text)))
-    assert max(lengths) <= budget
-    assert len(set(starts)) <= 3, sorted(set(starts))  # the start moved at most twice
+    if pattern == "typing":  # 400 characters typed in steps of 10
+        prefixes = [(0, SOURCE[:end]) for end in range(4000, 4400, 10)]
+    else:  # 40 steps of 2 lines, the 100 lines before the cursor sent
+        lines = SOURCE.splitlines(keepends=True)
+        prefixes = [(len("".join(lines[: cursor - 100])), "".join(lines[cursor - 100 : cursor]))
+                    for cursor in range(100, 180, 2)]
+    kept = window_starts(smollm, prefixes, budget)
+    moves = sum(a[0] != b[0] for a, b in zip(kept, kept[1:]))
+    assert moves < len(kept) / 3, kept
+    assert all(budget // 2 - 1 <= n <= budget for _, n in kept), kept
     short = SOURCE[:300]
     assert stable_prefix(smollm.tokenizer, short, budget) == (short, False)

@@ -1,13 +1,27 @@
 """Stable cut of a prefix longer than the context budget.
 
 Keeping "the last N tokens" moves the start of the prompt at every keystroke, so no two prompts
-of a typing session would share a token prefix and the prefix cache would never hit. Here the
-start moves in steps of a quarter of the budget, at a line start: consecutive requests keep the
-same first line until the prefix has grown by a step, and the prompt stays between 3/4 of the
-budget and the budget.
+of a typing session would share a token prefix and the prefix cache would never hit. A cut
+counted from the start of the text does not help either when the editor slides its own window
+(llama.vim sends the 256 lines before the cursor, so the text's start moves with the cursor).
+
+The cut is therefore chosen by content: of the line starts that keep between half the budget and
+the budget, the prompt starts at the line whose hash is highest. That line stays the choice
+while the user types below it and while the editor's window slides, until it falls out of the
+range; a new choice comes about every quarter budget of growth, and the prompt keeps at least
+half the budget.
 """
 
 from __future__ import annotations
+
+import bisect
+import zlib
+
+
+def line_rank(line: str) -> int:
+    """A line's claim to start a prompt: the hash of its stripped text (-1 for a blank line)."""
+    text = line.strip()
+    return zlib.crc32(text.encode()) if text else -1
 
 
 def stable_prefix(tokenizer, prefix: str, budget: int) -> tuple[str, bool]:
@@ -16,9 +30,14 @@ def stable_prefix(tokenizer, prefix: str, budget: int) -> tuple[str, bool]:
     n = len(enc.input_ids)
     if n <= budget:
         return prefix, False
-    step = max(1, budget // 4)
-    drop = -(-(n - budget) // step) * step  # tokens to drop, rounded up to a whole step
-    char = enc.offset_mapping[drop][0]
-    newline = prefix.find("\n", max(char - 1, 0))
-    cut = newline + 1 if newline >= 0 else char
+    token_starts = [start for start, _ in enc.offset_mapping]
+
+    def tokens_from(char: int) -> int:
+        return n - bisect.bisect_left(token_starts, char)
+
+    # one token of slack: text cut at a line start may tokenize into one more token than counted
+    lines = [i + 1 for i, ch in enumerate(prefix) if ch == "\n" and budget // 2 <= tokens_from(i + 1) < budget]
+    if not lines:  # one line longer than half the budget: its tail
+        return prefix[token_starts[n - budget + 1]:], True
+    cut = max(lines, key=lambda start: (line_rank(prefix[start:].partition("\n")[0]), -start))
     return prefix[cut:], True
