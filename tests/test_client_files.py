@@ -43,6 +43,22 @@ def test_the_choice_is_kept_while_the_query_drifts_little_and_made_anew_when_fil
     assert any(c.filename == "n.py" for c in files.context("a", TYPING, None, None).chunks)
 
 
+def test_a_document_seen_through_a_sliding_window_is_one_slot_and_keeps_the_choice():
+    """llama.vim sends the lines around the cursor: moving down drops the window's first lines."""
+    files = ClientFiles()
+    files.remember("a", RepoContext([Chunk("m.py", MODELS)]))
+    lines = [f"value_{i} = Request('GET', base_{i})" for i in range(400)]
+    window = 0
+    choices = []
+    for cursor in range(200, 230, 3):
+        prefix, suffix = "\n".join(lines[cursor - 100 : cursor]) + "\n", "\n".join(lines[cursor : cursor + 20])
+        window = len(prefix + suffix)
+        choices.append(files.context("a", prefix, suffix, None).chunks)
+    assert files.nbytes <= len(MODELS) + window  # the document once, not once per pause
+    assert all(chunks == choices[0] for chunks in choices)  # the same windows: the same prompt start
+    assert all(c.filename == "m.py" for c in choices[0])
+
+
 def test_memory_is_bounded_per_client_and_in_clients():
     files = ClientFiles(max_clients=2, max_bytes=3000)
     for i in range(5):

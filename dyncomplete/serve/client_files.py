@@ -10,9 +10,10 @@ least recently sent file dropped first. For each completion, windows of the reme
 prompt after the chunks the request itself sent.
 
 Repository context is the start of the prompt, so a new choice of windows costs a full prefill.
-The choice is therefore kept until the best window for the current cursor is not in it, or
-something new was remembered: while the user types in one place the prompt's start stays the
-same and the prefix cache keeps hitting.
+The choice is therefore kept until it holds none of the `WINDOWS_KEPT_WHILE` best windows for
+the current cursor, or something new was remembered: while the user types in one place or moves
+down a few lines the prompt's start stays the same and the prefix cache keeps hitting. The
+document being edited is one slot however its window slides (`same_document`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ MAX_BYTES = 2 * 2**20  # remembered text per client
 INDEXED_CLIENTS = 4
 MAX_FILE_BYTES = 256 * 2**10  # a longer file keeps its start
 WINDOWS_CHOSEN = 8  # ranked windows offered to the prompt builder (it keeps what fits in the budget)
+WINDOWS_KEPT_WHILE = 4  # the choice stands while it holds one of this many best windows for the cursor
 DOCUMENT_HEAD = 256  # characters that name a document sent without a file name (see `document_key`)
 UNNAMED = "(recent file)"
 
@@ -41,6 +43,13 @@ def document_key(text: str) -> str:
     `DOCUMENT_HEAD` characters, which stay the same while the user types further down. Two files
     with the same head share one slot, and only memory is lost by that."""
     return "doc:" + hashlib.sha256(text[:DOCUMENT_HEAD].encode()).hexdigest()[:16]
+
+
+def same_document(old: str, new: str) -> bool:
+    """Whether `new` is `old`'s file seen through a window that slid: llama.vim sends the lines
+    around the cursor, so moving down drops the start. Either's first `DOCUMENT_HEAD` characters
+    lie inside the other."""
+    return new[:DOCUMENT_HEAD] in old or old[:DOCUMENT_HEAD] in new
 
 
 @dataclass
@@ -97,7 +106,17 @@ class ClientFiles:
             for chunk in extra.chunks if extra else ():
                 self._remember(state, f"extra:{chunk.filename}:{hash(chunk.text)}", chunk)
             if document.strip():
-                self._remember(state, document_key(document), Chunk(UNNAMED, document), new_choice=False)
+                self._remember(state, self._document_slot(state, document), Chunk(UNNAMED, document), new_choice=False)
+
+    @staticmethod
+    def _document_slot(state: _Client, document: str) -> str:
+        """The key a document is kept under: the slot of the remembered unnamed document whose
+        window it slid from, else its own `document_key`."""
+        key = document_key(document)
+        if key in state.files:
+            return key
+        return next((old for old, chunk in reversed(state.files.items())
+                     if old.startswith("doc:") and same_document(chunk.text, document)), key)
 
     def context(self, client: str, prefix: str, suffix: str | None, extra: RepoContext | None) -> RepoContext | None:
         """Remember what this request sent; the repository context for its prompt: the request's
@@ -108,12 +127,13 @@ class ClientFiles:
         sent = {chunk.text for chunk in extra.chunks} if extra else set()
         with self._lock:
             state = self._client(client)
-            current = document_key(document)
+            current = self._document_slot(state, document)
             candidates = [w for key, chunk in state.files.items() if key != current and chunk.text not in sent
                           for w in self._windows(state, key, chunk)]
             ranked = [w for w in rank(query_identifiers(prefix), candidates, 4 * WINDOWS_CHOSEN)
                       if w.text not in document]
-            if state.chosen_for != (state.version, current) or ranked[:1] and ranked[0] not in state.chosen:
+            best = ranked[:WINDOWS_KEPT_WHILE]
+            if state.chosen_for != (state.version, current) or best and not any(w in state.chosen for w in best):
                 state.chosen = ranked[:WINDOWS_CHOSEN]
                 state.chosen_for = (state.version, current)
             chosen = list(state.chosen)
