@@ -4,7 +4,8 @@ they stop generation early and never stream text they later cut."""
 import pytest
 
 from dyncomplete.engine import EditorGuards, Emitter, GenerationParams, Stats
-from dyncomplete.engine.guards import bracket_cut, indent_cut, is_single_line, open_brackets, repeat_cut
+from dyncomplete.engine.guards import (blank_line_cut, bracket_cut, indent_cut, is_single_line, open_brackets,
+                                       repeat_cut)
 from dyncomplete.serve.editors import cursor_indent
 
 CIRCLE_PREFIX = "import math\n\ndef circle(r):\n    "
@@ -62,6 +63,22 @@ def test_single_line_stops_at_newline_and_drops_the_rest_of_the_line():
     assert guards.cut("a, ", 0, 0.0, final=True) is None
 
 
+def test_a_blank_line_after_code_ends_a_multi_line_completion():
+    assert blank_line_cut("x = 1\n    y = 2\n\nz = 3\n") == len("x = 1\n    y = 2")
+    assert blank_line_cut("x = 1\n   \t\n") == 5  # whitespace only is blank
+    assert blank_line_cut("\n\n    y = 2\n") is None  # no code before the blank lines yet
+    assert blank_line_cut("x = 1\n    ") is None  # the last line may still get code
+    assert EditorGuards.for_cursor("def f():\n", "\n    return x\n").blank_line
+    assert not EditorGuards.for_cursor("r = area(", ")\n").blank_line  # single line: the newline ends it
+
+
+def test_blank_line_guard_never_streams_what_it_cuts():
+    text = "x = 1\n    y = 2\n   \n    z = 3\n"
+    emitter, streamed, fed = run_emitter(text, EditorGuards(blank_line=True))
+    assert emitter.text == streamed == "x = 1\n    y = 2" and emitter.stats.stopped_by == "blank_line"
+    assert fed == len("x = 1\n    y = 2\n   \n")  # stopped at the newline that completed the blank line
+
+
 def test_time_cap_stops_only_at_a_newline():
     guards = EditorGuards(time_limit_s=0.5)
     assert guards.cut("x = 1", 0, 9.0) is None
@@ -94,6 +111,7 @@ def run_emitter(text: str, guards: EditorGuards | None, max_new_tokens: int = 20
     (EditorGuards.for_cursor(CIRCLE_PREFIX, CIRCLE_SUFFIX, n_indent=4), "circumference = 2 * math.pi * r",
      "suffix_repeat"),
     (EditorGuards(n_indent=4), "circumference = 2 * math.pi * r\n    return circumference\n\n", "indent"),
+    (EditorGuards(blank_line=True), "circumference = 2 * math.pi * r\n    return circumference", "blank_line"),
     (EditorGuards.for_cursor("r = area(", ")\n"), "circumference = 2 * math.pi * r", "newline"),
     (None, CIRCLE_RAMBLE, "eos"),
 ])

@@ -14,7 +14,10 @@ so generation also stops as early, not only the text:
 - suffix repeat: a line equal to the suffix's first non-blank line ends the completion before it
   (single line: a completion ending with the rest of the cursor's line loses that ending);
 - brackets: a closing bracket that closes nothing (neither opened in the completion nor left open
-  before the cursor and not closed after it on the cursor's line) ends it, before the bracket.
+  before the cursor and not closed after it on the cursor's line) ends it, before the bracket;
+- blank line (multi-line): a blank line after a line with code ends the completion before it, as
+  Continue's `noDoubleNewLine` filter ends its multi-line completions. Otherwise llama.vim's
+  request (`n_predict` 128) runs to its time cap at most pauses, writing the next blocks too.
 """
 
 from __future__ import annotations
@@ -100,6 +103,18 @@ def bracket_cut(text: str, open_before: str) -> int | None:
     return None
 
 
+def blank_line_cut(text: str) -> int | None:
+    """Where a completed blank line after a line with code starts, less the newline before it."""
+    start, seen_code = 0, False
+    while (end := text.find("\n", start)) >= 0:
+        if text[start:end].strip():
+            seen_code = True
+        elif seen_code:
+            return start - 1
+        start = end + 1
+    return None
+
+
 @dataclass(frozen=True)
 class EditorGuards:
     """The guards of one request; `for_cursor` sets them from the text around the cursor."""
@@ -109,12 +124,14 @@ class EditorGuards:
     single_line: bool = False
     suffix_line: str = ""  # multi-line: the suffix's first non-blank line; single: the line's rest
     open_before: str | None = None  # None: no bracket guard
+    blank_line: bool = False
 
     @classmethod
     def for_cursor(cls, prefix: str, suffix: str | None, time_limit_s: float | None = None,
                    n_indent: int = 0) -> "EditorGuards":
         single = is_single_line(suffix)
-        return cls(time_limit_s, n_indent, single, first_suffix_line(suffix), open_brackets(prefix, suffix))
+        return cls(time_limit_s, n_indent, single, first_suffix_line(suffix), open_brackets(prefix, suffix),
+                   blank_line=not single)
 
     def cut(self, text: str, new_from: int, elapsed_s: float, final: bool = False) -> tuple[int, str] | None:
         """(where the completion ends, why) or None to go on. `new_from`: where the text added by
@@ -137,6 +154,10 @@ class EditorGuards:
             pos = bracket_cut(text, self.open_before)
             if pos is not None:
                 cuts.append((pos, "bracket"))
+        if self.blank_line:
+            pos = blank_line_cut(text)
+            if pos is not None:
+                cuts.append((pos, "blank_line"))
         if cuts:
             return min(cuts)
         if self.time_limit_s is not None and elapsed_s > self.time_limit_s and "\n" in text[new_from:]:
@@ -145,10 +166,14 @@ class EditorGuards:
 
     def holds(self, text: str) -> int:
         """How many characters at the end not to stream yet: a last line that may still turn
-        out to repeat the suffix."""
+        out to repeat the suffix, or to be a blank line (with the newline before it)."""
+        line = text[text.rfind("\n") + 1:]
+        blank = len(line) + 1 if self.blank_line and "\n" in text and not line.strip() else 0
+        return max(blank, self._repeat_hold(text, line))
+
+    def _repeat_hold(self, text: str, line: str) -> int:
         if not self.suffix_line:
             return 0
-        line = text[text.rfind("\n") + 1:]
         if self.single_line:
             return len(line) - len(line.rstrip()) + min(len(line.rstrip()), len(self.suffix_line))
         if not self.suffix_line.startswith(line.strip()):

@@ -15,7 +15,7 @@ from ..engine import Completion
 # here also the editor guards' time cap (time_limit), the deadline (--timeout), a newer request of the same client, a disconnect or a shutdown.
 # `dyncomplete.stopped_by` tells them apart.
 STOPPED = {"eos", "newline", "stop", "stop_rule",
-           "suffix_repeat", "indent", "bracket"}  # the editor guards (engine/guards.py)
+           "suffix_repeat", "indent", "bracket", "blank_line"}  # the editor guards (engine/guards.py)
 
 
 def token_pieces(tokenizer, ids: list[int], text: str, healed: str = "") -> list[str]:
