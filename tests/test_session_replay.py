@@ -121,16 +121,27 @@ def test_llama_cpp_version_is_the_pinned_reference():
 
 def test_a_row_without_streaming_has_no_time_to_first_token_and_renders_a_dash(tmp_path):
     answers = [{"latency_s": s, "ttft_s": None, "prompt_evaluated": e, "prompt_reused": 100 - e, "generated": 8,
-                "accepted": e > 10, "es": 50.0} for s, e in [(0.1, 100), (0.2, 20), (0.3, 10)]]
+                "accepted": e > 10, "es": 50.0, "lines_right": e // 50, "lines_suggested": 3}
+               for s, e in [(0.1, 100), (0.2, 20), (0.3, 10)]]
     row = session.summarise_editor(answers)
     assert row["ttft_p50_ms"] is None and row["prompt_tokens_evaluated"] == 20 and row["prompt_tokens_reused"] == 80
     assert row["tokens_generated"] == 8 and row["accepted"] == 2
+    assert row["lines_right"] == pytest.approx(2 / 3) and row["lines_suggested"] == 3
     report = tmp_path / "r.json"
     report.write_text(json.dumps({"model": "m", "method": "baseline", "client": "llama-vim", "pattern": "down",
                                   "files": ["a.py"], "pauses": 3, "rows": {"llama-server": row}, "command": "x"}))
     table = render_session([(report, [])], ["row", "client", "ttft_p50", "prompt_evaluated", "prompt_reused",
                                             "generated", "exact"])
     assert table[-1] == "| llama-server | llama-vim | – | 20 | 80 | 8 | 2 of 3 |"
+
+
+def test_a_suggestion_taken_whole_counts_its_lines_that_are_the_files():
+    request = session.Request({}, "    x = 1", ("    y = 2", "", "z = 3"))
+    scored = session.scored({"text": "    x = 1\n    y = 2\n    w = 0\n"}, request)
+    assert scored["accepted"] and scored["lines_right"] == 2 and scored["lines_suggested"] == 4
+    wrong_first = session.scored({"text": "    x = 2\n    y = 2"}, request)
+    assert not wrong_first["accepted"] and wrong_first["lines_right"] == 0
+    assert session.scored({"text": ""}, request)["lines_suggested"] == 0
 
 
 @pytest.mark.model

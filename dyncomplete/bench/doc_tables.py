@@ -112,6 +112,8 @@ SESSION_COLUMNS = {
     "prompt_evaluated": Column("prompt tokens evaluated", "prompt_tokens_evaluated", _fixed(0)),
     "prompt_reused": Column("prompt tokens reused", "prompt_tokens_reused", _fixed(0)),
     "generated": Column("tokens generated", "tokens_generated", _fixed(0)),
+    "lines": Column("lines suggested", "lines_suggested", _fixed(0)),
+    "lines_right": Column("lines right per suggestion", "lines_right", _fixed(2)),
     "same_as_first": Column("same as first row", "same_as_first_row", _pct),
 }
 SESSION_DEFAULT = ("model", "method", "row", "n", "p50", "p95", "ttft_p50", "cached", "exact")

@@ -205,6 +205,11 @@ class Cursor:
 class Request:
     body: dict
     target: str  # what the completion's first line should be
+    following: tuple[str, ...] = ()  # the file's lines after the cursor line: what further lines should be
+
+
+def following_lines(cursor: Cursor) -> tuple[str, ...]:
+    return tuple(cursor.after.split("\n")[1:])
 
 
 def indent_of(text: str) -> int:
@@ -264,7 +269,7 @@ def infill_request(template_name: str, cursor: Cursor, extra: list[dict], n_pred
     body = template(template_name) | {"input_prefix": cursor.before, "input_suffix": cursor.after,
                                       "input_extra": extra, "prompt": prompt, "n_indent": n_indent,
                                       "n_predict": n_predict}
-    return Request(body, cursor.line_text[len(prompt):])
+    return Request(body, cursor.line_text[len(prompt):], following_lines(cursor))
 
 
 def llama_vim_request(cursor: Cursor, extra: list[dict], n_predict: int, model: str) -> Request:
@@ -283,7 +288,7 @@ def continue_request(cursor: Cursor, extra: list[dict], n_predict: int, model: s
     body = template("continue_ollama_generate.json")
     body |= {"model": model, "prompt": cursor.before + cursor.typed, "suffix": cursor.after,
              "options": body["options"] | {"num_predict": n_predict}}
-    return Request(body, cursor.line_text[len(cursor.typed):])
+    return Request(body, cursor.line_text[len(cursor.typed):], following_lines(cursor))
 
 
 def llama_vim_warm(extra: list[dict]) -> Request:
@@ -349,9 +354,19 @@ CLIENTS = {
 }
 
 
-def scored(answer: dict, target: str) -> dict:
-    first_line = answer["text"].split("\n")[0].rstrip()
-    return answer | {"accepted": first_line == target.rstrip(), "es": edit_similarity(first_line, target.rstrip())}
+def scored(answer: dict, request: Request) -> dict:
+    """The first line's exactness and ES; and, for a suggestion taken whole, how many of its lines
+    are the file's (from the first, up to the first that is not) and how many it has."""
+    lines = answer["text"].split("\n") if answer["text"].strip() else []
+    right = 0
+    for got, want in zip(lines, (request.target, *request.following)):
+        if got.rstrip() != want.rstrip():
+            break
+        right += 1
+    first_line = lines[0].rstrip() if lines else ""
+    return answer | {"accepted": first_line == request.target.rstrip(),
+                     "es": edit_similarity(first_line, request.target.rstrip()),
+                     "lines_right": right, "lines_suggested": len(lines)}
 
 
 def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_predict: int,
@@ -368,7 +383,7 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
             request = spec.request(cursor, chunks[cursor.file], n_predict, model)
             if i == 0:
                 spec.send(http, endpoint, request)
-            results.append(scored(spec.send(http, endpoint, request), request.target))
+            results.append(scored(spec.send(http, endpoint, request), request))
             if progress:
                 progress(i + 1, len(cursors))
     return results
@@ -387,4 +402,6 @@ def summarise_editor(results: list[dict]) -> dict:
         "accepted": sum(r["accepted"] for r in results),
         "accepted_share": float(np.mean([r["accepted"] for r in results])),
         "es": float(np.mean([r["es"] for r in results])),
+        "lines_right": float(np.mean([r["lines_right"] for r in results])),
+        "lines_suggested": float(np.median([r["lines_suggested"] for r in results])),
     }

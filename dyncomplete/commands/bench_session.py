@@ -28,7 +28,8 @@ LINE_COLUMNS = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"), 
 EDITOR_COLUMNS = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
                   ("prompt tok evaluated", "prompt_tokens_evaluated", "{:.0f}"),
                   ("prompt tok reused", "prompt_tokens_reused", "{:.0f}"),
-                  ("tok generated", "tokens_generated", "{:.0f}"), ("accepted", "accepted_share", "{:.1%}"),
+                  ("tok generated", "tokens_generated", "{:.0f}"), ("lines", "lines_suggested", "{:.0f}"),
+                  ("lines right", "lines_right", "{:.2f}"), ("accepted", "accepted_share", "{:.1%}"),
                   ("ES", "es", "{:.1f}")]
 
 
