@@ -39,5 +39,10 @@ def stable_prefix(tokenizer, prefix: str, budget: int) -> tuple[str, bool]:
     lines = [i + 1 for i, ch in enumerate(prefix) if ch == "\n" and budget // 2 <= tokens_from(i + 1) < budget]
     if not lines:  # one line longer than half the budget: its tail
         return prefix[token_starts[n - budget + 1]:], True
-    cut = max(lines, key=lambda start: (line_rank(prefix[start:].partition("\n")[0]), -start))
+
+    def rank_at(start: int) -> tuple[int, int]:
+        end = prefix.find("\n", start)
+        return line_rank(prefix[start:end if end >= 0 else len(prefix)]), -start
+
+    cut = max(lines, key=rank_at)
     return prefix[cut:], True

@@ -99,21 +99,24 @@ class ClientFiles:
             state.nbytes -= len(dropped.text)
             state.windows.pop(dropped_key, None)
 
-    def remember(self, client: str, extra: RepoContext | None, document: str = "") -> None:
-        """Keep the chunks a request sent (by file name and text) and the document being edited."""
+    def remember(self, client: str, extra: RepoContext | None, document: str = "") -> str:
+        """Keep the chunks a request sent (by file name and text) and the document being edited;
+        the key the document is kept under."""
         with self._lock:
             state = self._client(client)
             for chunk in extra.chunks if extra else ():
                 self._remember(state, f"extra:{chunk.filename}:{hash(chunk.text)}", chunk)
+            slot = self._document_slot(state, document)
             if document.strip():
-                self._remember(state, self._document_slot(state, document), Chunk(UNNAMED, document), new_choice=False)
+                self._remember(state, slot, Chunk(UNNAMED, document), new_choice=False)
+            return slot
 
     @staticmethod
     def _document_slot(state: _Client, document: str) -> str:
         """The key a document is kept under: the slot of the remembered unnamed document whose
         window it slid from, else its own `document_key`."""
         key = document_key(document)
-        if key in state.files:
+        if key in state.files or not document.strip():
             return key
         return next((old for old, chunk in reversed(state.files.items())
                      if old.startswith("doc:") and same_document(chunk.text, document)), key)
@@ -123,11 +126,10 @@ class ClientFiles:
         own chunks first, then the windows of other remembered files that best match the code
         before the cursor (None when there is neither)."""
         document = prefix + (suffix or "")
-        self.remember(client, extra, document)
+        current = self.remember(client, extra, document)
         sent = {chunk.text for chunk in extra.chunks} if extra else set()
         with self._lock:
             state = self._client(client)
-            current = self._document_slot(state, document)
             candidates = [w for key, chunk in state.files.items() if key != current and chunk.text not in sent
                           for w in self._windows(state, key, chunk)]
             ranked = [w for w in rank(query_identifiers(prefix), candidates, 4 * WINDOWS_CHOSEN)
