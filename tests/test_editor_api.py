@@ -45,7 +45,8 @@ pytestmark = pytest.mark.model
 
 @pytest.mark.parametrize("name", ["llama_vscode_infill.json", "llama_vim_infill.json"])
 def test_llama_cpp_clients_get_infill_answers(smol_server, name):
-    r = post(smol_server, "/infill", body(name))
+    """llama.cpp's whole answer (llama.vim's own body asks for some fields only: the next test)."""
+    r = post(smol_server, "/infill", body(name, response_fields=[]))
     assert r.status_code == 200, r.text
     out = r.json()
     assert isinstance(out["content"], str) and out["stop"] is True and out["stop_type"] in ("eos", "limit", "word")
@@ -57,18 +58,32 @@ def test_llama_cpp_clients_get_infill_answers(smol_server, name):
     assert "suffix is ignored" in " ".join(stats["notices"])
     assert set(stats["ignored_fields"]) >= {"samplers", "t_max_prompt_ms", "top_k"}
     # streamed as llama.cpp streams; without the time cap, which makes the two differ by the clock
-    whole = post(smol_server, "/infill", body(name, t_max_predict_ms=0)).json()
-    streamed = sse(post(smol_server, "/infill", body(name, stream=True, t_max_predict_ms=0)))
+    whole = post(smol_server, "/infill", body(name, t_max_predict_ms=0, response_fields=[])).json()
+    streamed = sse(post(smol_server, "/infill", body(name, stream=True, t_max_predict_ms=0, response_fields=[])))
     assert "".join(c["content"] for c in streamed) == whole["content"]
     assert [c["stop"] for c in streamed][-1] is True and not any(c["stop"] for c in streamed[:-1])
     assert streamed[-1]["dyncomplete"]["stopped_by"] == whole["dyncomplete"]["stopped_by"]
 
 
-@pytest.mark.parametrize("name", ["llama_vscode_warm.json", "llama_vim_ring_update.json"])
-def test_cache_warming_requests_are_answered_without_the_model(smol_server, name):
+def test_llama_vim_gets_the_fields_it_asks_for_flat_as_llama_cpp_gives_them(smol_server):
+    asked = body("llama_vim_infill.json")["response_fields"]
+    out = post(smol_server, "/infill", body("llama_vim_infill.json")).json()
+    assert set(out) == set(asked)  # "tokens_cached", "timings/prompt_n", ...: the paths as names
+    whole = post(smol_server, "/infill", body("llama_vim_infill.json", response_fields=[])).json()
+    assert out["timings/predicted_n"] == whole["timings"]["predicted_n"] and out["content"] == whole["content"]
+    bad = post(smol_server, "/infill", body("llama_vim_infill.json", response_fields=["content", 3]))
+    assert (bad.status_code, bad.json()["error"]["param"]) == (400, "response_fields")
+
+
+@pytest.mark.parametrize("name, answer", [("llama_vscode_warm.json", "whole"), ("llama_vim_ring_update.json", "{}")])
+def test_cache_warming_requests_are_answered_without_the_model(smol_server, name, answer):
     start = time.monotonic()
     r = post(smol_server, "/infill", body(name))
-    assert r.status_code == 200 and r.json()["content"] == "" and r.json()["stop"] is True
+    assert r.status_code == 200
+    if answer == "whole":
+        assert r.json()["content"] == "" and r.json()["stop"] is True
+    else:  # llama.vim asks for the field "" only, which no answer has
+        assert r.json() == {}
     assert time.monotonic() - start < 5
 
 
@@ -116,7 +131,7 @@ def test_editor_endpoints_refuse_bad_fields_by_name(smol_server):
 
 def test_time_cap_stops_at_the_first_newline(smol_server):
     data = body("llama_vim_infill.json", input_prefix="def add(a, b):\n", prompt="", input_suffix="",
-                input_extra=[], n_indent=0, t_max_predict_ms=1)
+                input_extra=[], n_indent=0, t_max_predict_ms=1, response_fields=[])
     out = post(smol_server, "/infill", data).json()
     assert out["dyncomplete"]["stopped_by"] == "time_limit" and out["stop_type"] == "limit"
     assert out["content"].strip() and "\n" not in out["content"].strip()
@@ -167,7 +182,7 @@ def test_qwen_fills_the_middle_for_every_client(qwen_server):
         # end it: n_indent 4 cuts what Qwen writes next at column 0. Which formula the 0.5B model
         # returns is a near tie that the weight format decides (int4 with the native kernels
         # copies the context's `math.pi * r * r`; PyTorch's int4 kernel gave `2 * math.pi * r`)
-        out = post(qwen_server, "/infill", body(name)).json()
+        out = post(qwen_server, "/infill", body(name, response_fields=[])).json()
         content = out["content"]
         assert content.strip().startswith("return ") and "math.pi * r" in content, (name, content)
         assert "return circumference" not in content, (name, content)
@@ -182,7 +197,7 @@ def test_qwen_fills_the_middle_for_every_client(qwen_server):
     text = "".join(line["response"] for line in lines)
     assert MIDDLE in cursor + text and "return" not in text
     assert lines[-1]["dyncomplete"]["stopped_by"] == "suffix_repeat"
-    loose = post(qwen_server, "/infill", body("llama_vim_infill.json", editor_guards=False)).json()
+    loose = post(qwen_server, "/infill", body("llama_vim_infill.json", editor_guards=False, response_fields=[])).json()
     assert loose["dyncomplete"]["stopped_by"] in ("indent", "time_limit", "max_tokens")  # llama.cpp's rules only
     api = openai.OpenAI(base_url=f"{qwen_server}/v1", api_key=SERVE_KEY, timeout=300, max_retries=0)
     # the cursor after `circumference = `: the middle is the formula (at the line start, whether

@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from dyncomplete.engine import EditorGuards, GenerationParams
 from dyncomplete.engine.repo_context import RepoContext
 from dyncomplete.serve import Settings, create_app
-from dyncomplete.serve.editors import cursor_indent, parse_generate, parse_infill
+from dyncomplete.serve.editors import cursor_indent, only_fields, parse_generate, parse_infill, response_fields
 from dyncomplete.serve.request import (CHARS_PER_TOKEN, MIN_TOP_P, ApiError, clip_context, clip_prompt, decode_body,
                                        parse_completion)
 from dyncomplete.serve.worker import Job
@@ -22,7 +22,9 @@ LIMIT, BUDGET, MAX_BODY = 48, 512, 64 * 1024
 OLLAMA = ollama_name(TINY_SERVED)  # "tiny:llama", as Continue would name it
 VIM, VSCODE = "llama_vim_infill.json", "llama_vscode_infill.json"
 WARMING = ["llama_vscode_warm.json", "llama_vim_ring_update.json"]
-LLAMA_IGNORED = ["samplers", "t_max_prompt_ms", "top_k"]  # what llama.vscode and llama.vim send that we do not use
+# what each sends that we do not use, and its top_p and time cap
+LLAMA_IGNORED = {VSCODE: ["samplers", "t_max_prompt_ms", "top_k"], VIM: ["id_slot", "samplers", "t_max_prompt_ms", "top_k"]}
+TOP_P, TIME_CAP_S = {VSCODE: 0.99, VIM: 0.90}, {VSCODE: 1.0, VIM: 0.25}
 
 
 def settings(**changes) -> Settings:
@@ -57,17 +59,18 @@ def refusal(r, status: int, param: str | None = None, code: str | None = None) -
 
 @pytest.mark.parametrize("name", [VSCODE, VIM])
 def test_llama_cpp_bodies_get_llama_cpp_answers(http, name):
-    out = http.post("/infill", json=body(name, t_max_predict_ms=0)).json()
+    """llama.cpp's whole answer (llama.vim asks for some fields only, which come flat: below)."""
+    out = http.post("/infill", json=body(name, t_max_predict_ms=0, response_fields=[])).json()
     assert isinstance(out["content"], str) and out["stop"] is True and out["stop_type"] in ("eos", "limit", "word")
     assert out["model"] == TINY_SERVED and out["has_new_line"] == ("\n" in out["content"])
-    assert out["generation_settings"] == {"n_ctx": BUDGET, "n_predict": LIMIT, "temperature": 0.0, "top_p": 0.99,
-                                          "stop": [], "stream": False}
+    assert out["generation_settings"] == {"n_ctx": BUDGET, "n_predict": LIMIT, "temperature": 0.0,
+                                          "top_p": TOP_P[name], "stop": [], "stream": False}
     assert out["tokens_predicted"] == len(out["dyncomplete"]["token_layers"]) > 0
     assert set(out["timings"]) >= {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second"}
     stats = out["dyncomplete"]
     assert stats["fim"] is True and stats["context_chunks"] == 1 and stats["notices"] == []
-    assert stats["ignored_fields"] == LLAMA_IGNORED and stats["method"] == "baseline"
-    r = http.post("/infill", json=body(name, t_max_predict_ms=0, stream=True))
+    assert stats["ignored_fields"] == LLAMA_IGNORED[name] and stats["method"] == "baseline"
+    r = http.post("/infill", json=body(name, t_max_predict_ms=0, stream=True, response_fields=[]))
     assert r.headers["content-type"].startswith("text/event-stream") and "[DONE]" not in r.text  # llama.cpp sends none
     events = sse(r)
     assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
@@ -79,13 +82,30 @@ def test_llama_cpp_bodies_get_llama_cpp_answers(http, name):
 @pytest.mark.parametrize("name", WARMING)
 def test_cache_warming_bodies_are_answered_without_the_model_and_remembered(http, name):
     for stream in (False, True):
-        r = http.post("/infill", json=body(name, stream=stream))
+        r = http.post("/infill", json=body(name, stream=stream, response_fields=[]))
         out = sse(r)[0] if stream else r.json()
         assert r.status_code == 200 and out["content"] == "" and out["stop"] is True and "dyncomplete" not in out
         assert out["tokens_predicted"] == 0 and out["generation_settings"]["stream"] is stream
     health = http.get("/health").json()
     assert not [key for key in health["worker"] if key.startswith("stopped_")]  # no job ran
     assert health["client_files"]["clients"] == 1  # the files it sent are kept for this editor
+
+
+def test_response_fields_keep_the_paths_asked_for_flat():
+    """As llama.cpp's `json_get_nested_values`: llama.vim's fields, and its ring update's [""] (none)."""
+    out = {"content": "x", "timings": {"prompt_n": 3, "predicted_n": 2}, "stop": True}
+    assert only_fields(["content", "timings/prompt_n", "timings/nothing", "stop/deeper"], out) == \
+        {"content": "x", "timings/prompt_n": 3}
+    assert only_fields([""], out) == {} and only_fields([], out) == out
+    assert response_fields(body(VIM)) == body(VIM)["response_fields"]
+    with pytest.raises(ApiError, match="response_fields"):
+        response_fields({"response_fields": "content"})
+
+
+def test_llama_vim_gets_its_fields_and_an_empty_answer_to_its_ring_update(http):
+    out = http.post("/infill", json=body(VIM, t_max_predict_ms=0)).json()
+    assert set(out) == set(body(VIM)["response_fields"]) and isinstance(out["timings/predicted_n"], int)
+    assert http.post("/infill", json=body("llama_vim_ring_update.json")).json() == {}
 
 
 def test_continue_ollama_bodies(http):
@@ -116,7 +136,7 @@ def test_ollama_show_without_fim_tokens_names_no_suffix():
     with TestClient(create_app(tiny_served_model(fim=False), settings(api_key=None)),
                     base_url="http://localhost") as http:
         show = http.post("/api/show", json=body("continue_ollama_show.json", name=OLLAMA)).json()
-        out = http.post("/infill", json=body(VIM, t_max_predict_ms=0)).json()
+        out = http.post("/infill", json=body(VIM, t_max_predict_ms=0, response_fields=[])).json()
     assert ".Suffix" not in show["template"] and show["capabilities"] == ["completion"]
     assert out["dyncomplete"]["fim"] is False and "suffix is ignored" in " ".join(out["dyncomplete"]["notices"])
 
@@ -264,13 +284,14 @@ def test_parse_infill_of_each_llama_cpp_body():
             ("m", False, True, True, False)
         assert [(c.filename, c.text) for c in req.context.chunks] == [("geometry/area.py",
                                                                       "def area(r):\n    return math.pi * r * r\n")]
-        assert req.params.max_new_tokens == LIMIT and req.params.top_p == 0.99
-        assert req.params.editor == EditorGuards.for_cursor(req.prefix, req.suffix, 1.0, 4)
-        assert req.ignored_fields == LLAMA_IGNORED
+    for req, name in ((vim, VIM), (vscode, VSCODE)):
+        assert req.params.max_new_tokens == LIMIT and req.params.top_p == TOP_P[name]
+        assert req.params.editor == EditorGuards.for_cursor(req.prefix, req.suffix, TIME_CAP_S[name], 4)
+        assert req.ignored_fields == LLAMA_IGNORED[name]
     assert parse_infill(body(VIM, n_predict=-1), "m", ["baseline"], LIMIT).params.max_new_tokens == LIMIT
     unguarded = parse_infill(body(VIM, editor_guards=False, t_max_predict_ms=0, n_indent=0), "m", ["baseline"], LIMIT)
     assert unguarded.params.editor is None and "editor_guards" not in unguarded.ignored_fields
-    assert parse_infill(body(VIM, editor_guards=False), "m", ["baseline"], LIMIT).params.editor == EditorGuards(1.0, 4)
+    assert parse_infill(body(VIM, editor_guards=False), "m", ["baseline"], LIMIT).params.editor == EditorGuards(0.25, 4)
     for name in WARMING:
         assert parse_infill(body(name), "m", ["baseline"], LIMIT).warm_only
     extra = body(VIM, input_extra=[{"filename": "a.py", "text": "A"}, {"filename": "b.py", "text": "B"}])

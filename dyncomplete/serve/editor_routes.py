@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 
 from ..engine.prompts import fim_tokens
 from .editors import (OLLAMA_VERSION, infill_chunk, infill_final, ollama_chunk, ollama_final, ollama_show,
-                      ollama_tags, parse_generate, parse_infill)
+                      ollama_tags, only_fields, parse_generate, parse_infill, response_fields)
 from .http import read_json
 from .jobs import answer
 from .report import finish_reason
@@ -30,10 +30,10 @@ async def infill(request: Request):
     settings, name = server.settings, server.model.name
     obj = await read_json(request, settings.max_body_bytes, settings.limits)
     req = parse_infill(obj, name, server.methods, settings.max_tokens_limit)
-    extra, count = req.ignored(), itertools.count(1)
+    extra, count, fields = req.ignored(), itertools.count(1), response_fields(obj)
 
     def final(value, text=""):
-        return infill_final(name, req, settings.context_budget, text, value, extra)
+        return only_fields(fields, infill_final(name, req, settings.context_budget, text, value, extra))
 
     return await answer(server, request, req, final, lambda text: infill_chunk(text, next(count)), ApiError.body,
                         sse_event, sse_response)

@@ -23,11 +23,11 @@ from .request import (ApiError, CompletionRequest, allowed_method, check_text, c
                       sampling_params, shown, typed)
 
 # llama.cpp fields we accept and do not use (its own sampler chain, LoRA, prompt-time cap, slots).
-INFILL_IGNORED = {"samplers", "t_max_prompt_ms", "lora", "id_slot", "response_fields", "model", "n_probs",
+INFILL_IGNORED = {"samplers", "t_max_prompt_ms", "lora", "id_slot", "model", "n_probs",
                   "min_p", "top_k", "typical_p", "repeat_penalty", "repeat_last_n", "timings_per_token"}
 INFILL_KNOWN = {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "t_max_predict_ms", "n_indent",
                 "stream", "cache_prompt", "stop", "temperature", "top_p", "seed", "method", "token_healing",
-                "editor_guards", "client_memory", "ngram_cache", *INFILL_IGNORED}
+                "editor_guards", "client_memory", "ngram_cache", "response_fields", *INFILL_IGNORED}
 OLLAMA_IGNORED = {"keep_alive", "context"}  # the model stays loaded; no conversation memory
 OLLAMA_KNOWN = {"model", "prompt", "suffix", "raw", "stream", "options", "method", "prefix_cache", "token_healing",
                 "editor_guards", "client_memory", "ngram_cache", "system", "template", "images", "format",
@@ -99,6 +99,31 @@ def parse_infill(obj: dict, model_name: str, methods: Sequence[str], max_tokens_
         ignored_fields=sorted(set(obj) - INFILL_KNOWN | set(obj) & INFILL_IGNORED),
         context=_extra(obj), warm_only=max_tokens == 0 or not (prefix or suffix),
         client_memory=client_memory(obj, True), ngram_cache=ngram_cache(obj))
+
+
+def response_fields(obj: dict) -> list[str]:
+    """llama.cpp's `response_fields` (llama.vim sends them): the answer holds only these paths."""
+    fields = typed(obj, "response_fields", (list,), "a list of strings", [])
+    if not all(isinstance(field, str) for field in fields):
+        raise ApiError(400, "response_fields must be a list of strings", "response_fields")
+    return fields
+
+
+def only_fields(paths: list[str], answer: dict) -> dict:
+    """As llama.cpp answers with `response_fields`: each path that exists ("timings/prompt_n"),
+    under its own name, flat; the whole answer when no path is asked for."""
+    if not paths:
+        return answer
+    out = {}
+    for path in paths:
+        value = answer
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path] = value
+    return out
 
 
 def ollama_model_matches(name: str, model_name: str) -> bool:
