@@ -161,6 +161,8 @@ def test_every_client_replays_against_the_server(served, capsys, client, pattern
         assert row["tokens_generated"] > 0 and row["prompt_tokens_evaluated"] + row["prompt_tokens_reused"] > 0
         assert 0 <= row["accepted"] <= row["requests"] and 0 <= row["es"] <= 100
         assert (row["ttft_p50_ms"] is None) == (client.startswith("llama-"))
+        if client == "llama-vim":  # each shown suggestion is followed by the speculative request, unless cached
+            assert 0 <= row["from_client_cache"] <= 1 and row["background_requests"] > 0
 
 
 @pytest.mark.model

@@ -115,6 +115,9 @@ SESSION_COLUMNS = {
     "lines": Column("lines suggested", "lines_suggested", _fixed(0)),
     "lines_right": Column("lines right per suggestion", "lines_right", _fixed(2)),
     "same_as_first": Column("same as first row", "same_as_first_row", _pct),
+    "from_cache": Column("shown from llama.vim's cache", "from_client_cache", _pct),
+    "p50_asked": Column("p50 ms of those asked", "p50_asked_ms", _fixed(0)),
+    "background": Column("background ms per pause", "background_ms", _fixed(0)),
 }
 SESSION_DEFAULT = ("model", "method", "row", "n", "p50", "p95", "ttft_p50", "cached", "exact")
 

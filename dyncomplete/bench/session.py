@@ -5,6 +5,7 @@ Two replays. The editor replay (`replay_editor`) sends, at each pause, the body 
 sends (llama.vim, llama.vscode: `/infill`; Continue: Ollama's `/api/generate`), built from their
 literal bodies in tests/editor_bodies/ with the text fields cut from the file as the plugin cuts
 them; it runs against any server that speaks the client's API (dyncomplete or llama-server).
+llama.vim is replayed with its own suggestion cache and its speculative requests (`llama_vim`).
 
 The line replay (`replay`, `--client line`): at each pause (the cursor at the start of a non-blank line) one streamed completion is requested
 with `stop=["\\n"]`; it is accepted when it equals the line typed next (trailing spaces aside).
@@ -32,6 +33,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from . import llama_vim
 from .metrics import edit_similarity
 
 CONTEXT_FILE_BYTES = 256 * 2**10  # a sibling file larger than this is not sent
@@ -136,9 +138,11 @@ def summarise(results: list[dict]) -> dict:
 
 
 def token_medians(results: list[dict]) -> dict:
-    """Per request, the median prompt tokens evaluated and reused (from a cache) and tokens generated."""
+    """Per request, the median prompt tokens evaluated and reused (from a cache) and tokens
+    generated; over the pauses that sent one (llama.vim shows some from its own cache)."""
     def median(key: str) -> float:
-        return float(np.median([r[key] for r in results]))
+        values = [r[key] for r in results if r[key] is not None]
+        return float(np.median(values)) if values else 0.0
 
     return {"prompt_tokens_evaluated": median("prompt_evaluated"), "prompt_tokens_reused": median("prompt_reused"),
             "tokens_generated": median("generated")}
@@ -186,7 +190,7 @@ def replay(url: str, model: str, method: str, pauses: list[Pause], max_tokens: i
 # -- the editor replay: what llama.vim, llama.vscode and Continue send ------------------------------
 
 BODIES = Path(__file__).resolve().parents[2] / "tests" / "editor_bodies"  # the plugins' literal bodies
-N_PREFIX, N_SUFFIX = 256, 64  # llama.vim's and llama.vscode's n_prefix and n_suffix (lines)
+N_PREFIX, N_SUFFIX = llama_vim.N_PREFIX, llama_vim.N_SUFFIX  # llama.vim's and llama.vscode's (lines)
 RING_CHUNK_LINES, RING_CHUNKS = 64, 16  # their ring_chunk_size and ring_n_chunks
 
 
@@ -306,17 +310,33 @@ def checked(r: httpx.Response, body: str) -> None:
         raise RuntimeError(f"server answered {r.status_code}: {body[:300]}")
 
 
+def answer_field(data: dict, path: str):
+    """A field of llama.cpp's answer, whole (`data["timings"]["prompt_n"]`) or cut down to the
+    `response_fields` asked for, which names it by its path (`data["timings/prompt_n"]`)."""
+    if path in data:
+        return data[path]
+    for key in path.split("/"):
+        data = data[key]
+    return data
+
+
 def post_infill(http: httpx.Client, endpoint: str, request: Request) -> dict:
     """A whole (not streamed) `/infill` answer; the token counts from llama.cpp's fields, which
-    dyncomplete fills the same way (`tokens_evaluated`: the prompt, `timings.prompt_n`: its part evaluated)."""
+    dyncomplete fills the same way (`tokens_evaluated`: the prompt, `timings.prompt_n`: its part
+    evaluated). Where the body asks for some fields only, as llama.vim's does, `tokens_evaluated`
+    is asked for too: the replay reads it, the plugin does not."""
+    body = request.body
+    if body.get("response_fields"):
+        body = body | {"response_fields": [*body["response_fields"], "tokens_evaluated"]}
     started = time.perf_counter()
-    r = http.post(endpoint, json=request.body)
+    r = http.post(endpoint, json=body)
     latency = time.perf_counter() - started
     checked(r, r.text)
     data = r.json()
-    evaluated = data["timings"]["prompt_n"]
+    evaluated = answer_field(data, "timings/prompt_n")
     return {"latency_s": latency, "ttft_s": None, "text": data["content"], "prompt_evaluated": evaluated,
-            "prompt_reused": data["tokens_evaluated"] - evaluated, "generated": data["tokens_predicted"]}
+            "prompt_reused": answer_field(data, "tokens_evaluated") - evaluated,
+            "generated": answer_field(data, "timings/predicted_n")}
 
 
 def post_ollama(http: httpx.Client, endpoint: str, request: Request) -> dict:
@@ -339,16 +359,77 @@ def post_ollama(http: httpx.Client, endpoint: str, request: Request) -> dict:
             "prompt_reused": stats["cached_prompt_tokens"], "generated": stats["new_tokens"]}
 
 
+class Pauses:
+    """What a client without a cache of its own does at each pause: send the request, show the answer."""
+
+    def __init__(self, client: "Client", n_predict: int, model: str):
+        self.client, self.n_predict, self.model = client, n_predict, model
+
+    def pause(self, http: httpx.Client, endpoint: str, cursor: Cursor, extra: list[dict]) -> dict:
+        request = self.client.request(cursor, extra, self.n_predict, self.model)
+        return scored(self.client.send(http, endpoint, request), request)
+
+
+class LlamaVimPauses(Pauses):
+    """llama.vim at each pause (`llama_vim`): the suggestion from its own cache where it has one
+    (nothing sent, nothing waited for), else the request with its 250 ms budget; then, once the
+    suggestion shows, the speculative request for the text with it accepted, and after a cache
+    hit also the request for the pause itself (both in the background: the user is typing until
+    the next pause, which the replay assumes outlasts them; `background_s` says how long they took)."""
+
+    def __init__(self, client: "Client", n_predict: int, model: str):
+        super().__init__(client, n_predict, model)
+        self.cache, self.last_indent, self.files = llama_vim.SuggestionCache(), 0, {}
+
+    def lines_of(self, file: str) -> list[str]:
+        if file not in self.files:
+            self.files[file] = Path(file).read_text(encoding="utf-8", errors="replace").splitlines()
+        return self.files[file]
+
+    def ask(self, http: httpx.Client, endpoint: str, context: llama_vim.Context, extra: list[dict],
+            predict_ms: int) -> dict:
+        body = template("llama_vim_infill.json") | {
+            "input_prefix": context.prefix, "input_suffix": context.suffix, "input_extra": extra,
+            "prompt": context.middle, "n_indent": context.indent, "n_predict": self.n_predict,
+            "t_max_predict_ms": predict_ms}
+        self.last_indent = context.indent
+        answer = post_infill(http, endpoint, Request(body, ""))
+        self.cache.insert(context, answer["text"])
+        return answer
+
+    def pause(self, http: httpx.Client, endpoint: str, cursor: Cursor, extra: list[dict]) -> dict:
+        lines, y = self.lines_of(cursor.file), cursor.line - 1
+        here = llama_vim.local_context(lines, y, cursor.typed)
+        request = self.client.request(cursor, extra, self.n_predict, self.model)  # the target lines
+        started = time.perf_counter()
+        cached = self.cache.suggestion(here)
+        if cached is None:
+            answer = self.ask(http, endpoint, here, extra, llama_vim.FIRST_PREDICT_MS)
+        else:
+            answer = {"latency_s": time.perf_counter() - started, "ttft_s": None, "text": cached,
+                      "prompt_evaluated": None, "prompt_reused": None, "generated": None}
+        started, sent = time.perf_counter(), 0
+        accepted = llama_vim.shown_lines(answer["text"], cursor.typed, lines, y)
+        after = llama_vim.local_context(lines, y, cursor.typed, accepted, self.last_indent)
+        for context, predict_ms in ((after, llama_vim.SPECULATIVE_PREDICT_MS), (here, llama_vim.FIRST_PREDICT_MS)):
+            if not self.cache.holds(context):
+                self.ask(http, endpoint, context, extra, predict_ms)
+                sent += 1
+        return scored(answer, request) | {"from_cache": cached is not None, "background_s": time.perf_counter() - started,
+                                          "background_requests": sent}
+
+
 @dataclass(frozen=True)
 class Client:
     request: Callable[[Cursor, list[dict], int, str], Request]  # (cursor, ring chunks, n_predict, model)
     warm: Callable[[list[dict]], Request] | None  # sent once per typed file, before its pauses
     route: str  # the API the client calls
     send: Callable[[httpx.Client, str, Request], dict]  # (http, endpoint, request) -> the answer
+    pauses: type[Pauses] = Pauses  # what the client does at a pause
 
 
 CLIENTS = {
-    "llama-vim": Client(llama_vim_request, llama_vim_warm, "/infill", post_infill),
+    "llama-vim": Client(llama_vim_request, llama_vim_warm, "/infill", post_infill, LlamaVimPauses),
     "llama-vscode": Client(llama_vscode_request, llama_vscode_warm, "/infill", post_infill),
     "continue": Client(continue_request, None, "/api/generate", post_ollama),
 }
@@ -375,25 +456,37 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
     a client with a warming request sends it once per typed file, before that file's pauses."""
     spec = CLIENTS[client]
     chunks = {file: ring_chunks(Path(file)) for file in sorted({c.file for c in cursors})}
-    endpoint, results = f"{url}{spec.route}", []
+    endpoint, results, pauses = f"{url}{spec.route}", [], spec.pauses(spec, n_predict, model)
     with httpx.Client(headers=headers or {}, timeout=600) as http:
         for i, cursor in enumerate(cursors):
-            if spec.warm and (i == 0 or cursor.file != cursors[i - 1].file):
-                spec.send(http, endpoint, spec.warm(chunks[cursor.file]))
-            request = spec.request(cursor, chunks[cursor.file], n_predict, model)
+            if spec.warm and (i == 0 or cursor.file != cursors[i - 1].file):  # its answer is not read
+                r = http.post(endpoint, json=spec.warm(chunks[cursor.file]).body)
+                checked(r, r.text)
             if i == 0:
-                spec.send(http, endpoint, request)
-            results.append(scored(spec.send(http, endpoint, request), request))
+                spec.send(http, endpoint, spec.request(cursor, chunks[cursor.file], n_predict, model))
+            results.append(pauses.pause(http, endpoint, cursor, chunks[cursor.file]))
             if progress:
                 progress(i + 1, len(cursors))
     return results
+
+
+def client_cache_columns(results: list[dict]) -> dict:
+    """llama.vim's rows: the pauses shown from its own cache, the latency of those it asked the
+    server for, and the background requests after each pause."""
+    if "from_cache" not in results[0]:
+        return {}
+    asked = [1000 * r["latency_s"] for r in results if not r["from_cache"]]
+    return {"from_client_cache": float(np.mean([r["from_cache"] for r in results])),
+            "p50_asked_ms": float(np.percentile(asked, 50)) if asked else None,
+            "background_ms": 1000 * float(np.median([r["background_s"] for r in results])),
+            "background_requests": float(np.mean([r["background_requests"] for r in results]))}
 
 
 def summarise_editor(results: list[dict]) -> dict:
     """A row of the editor replay; time to first token is None for answers that are not streamed."""
     lat = np.array([r["latency_s"] for r in results]) * 1000
     ttft = np.array([r["ttft_s"] for r in results if r["ttft_s"] is not None]) * 1000
-    return {
+    return client_cache_columns(results) | {
         "requests": len(results),
         "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
         "ttft_p50_ms": float(np.percentile(ttft, 50)) if len(ttft) else None,

@@ -26,6 +26,8 @@ LINE_COLUMNS = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"), 
                 ("drafts taken", "accepted_per_drafted", "{:.0%}"), ("accepted", "accepted_share", "{:.1%}"),
                 ("ES", "es", "{:.1f}")]
 EDITOR_COLUMNS = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
+                  ("from cache", "from_client_cache", "{:.0%}"), ("p50 asked", "p50_asked_ms", "{:.0f}"),
+                  ("background ms", "background_ms", "{:.0f}"),
                   ("prompt tok evaluated", "prompt_tokens_evaluated", "{:.0f}"),
                   ("prompt tok reused", "prompt_tokens_reused", "{:.0f}"),
                   ("tok generated", "tokens_generated", "{:.0f}"), ("lines", "lines_suggested", "{:.0f}"),
@@ -53,14 +55,19 @@ def print_table(report: dict) -> None:
     for name, _, _ in cols:
         table.add_column(name, justify="right")
     for row, stats in report["rows"].items():
-        table.add_row(row, *("–" if stats[key] is None else fmt.format(stats[key]) for _, key, fmt in cols))
+        table.add_row(row, *("–" if stats.get(key) is None else fmt.format(stats[key]) for _, key, fmt in cols))
     console = Console(width=max(Console().width, 130))
     console.print(table)
     if line:
         console.print(f"p50 speedup from the cache: {report['p50_speedup']:.1f}x; identical completions cache "
                       f"on/off: {report['identical_completions']:.0%}")
     else:
-        console.print("TTFT –: the client does not stream, so the first token is not seen before the whole answer")
+        if any(stats["ttft_p50_ms"] is None for stats in report["rows"].values()):
+            console.print("TTFT –: the client does not stream, so the first token is not seen before the whole answer")
+        if report["client"] == "llama-vim":
+            console.print("llama.vim shows a suggestion from its own cache where the typing continues one "
+                          "(0 ms, counted in p50 and p95); p50 asked: the pauses it sent a request for; background: "
+                          "its speculative requests after each pause, which the replay assumes the typing outlasts")
 
 
 def progress(done: int, total: int) -> None:
