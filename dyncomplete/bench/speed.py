@@ -2,11 +2,15 @@
 
     python -m dyncomplete.bench.speed --engine fast --quant int8 --runs 5
     python -m dyncomplete.bench.speed --verify-rows 1,2,4,8,16   # what a verification pass costs
+    python -m dyncomplete.bench.speed --model qwen2.5-coder-0.5b --reference llama-bench
 
 Prompt: the first 480 tokens of the standard library's `json/decoder.py`; 64 greedy tokens, one
 `LayeredModel.forward` per token (the baseline's decode loop without its emitter). Reports
 medians over runs. Bandwidth achieved = weight bytes one decode token reads x tokens/s, over the
 machine's copy bandwidth (`bandwidth.machine_bandwidth`, measured once and cached).
+`--reference llama-bench` runs llama.cpp's own benchmark (built by install-reference.sh) on the
+model's GGUF file after ours, with the same threads: a prefill of as many tokens and as many
+generated tokens after that many in the cache (`-d`), and prints our figures over its.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sysconfig
 import time
 from pathlib import Path
@@ -69,6 +74,27 @@ def verify_passes(model, rows: list[int], prompt_tokens: int = 480, runs: int = 
             "relative_to_one": {k: round(v / one, 2) for k, v in ms.items()} if one else None}
 
 
+def llama_bench(model: str, threads: int, prompt_tokens: int, new_tokens: int, runs: int) -> dict:
+    """llama-bench on the model's own GGUF file: prompt tokens/s with an empty cache and generated
+    tokens/s after `prompt_tokens` in the cache (the shape `measure` times), medians of `runs`."""
+    from ..models.loading import registered_gguf
+    from .launch import llama_cpp_binary
+
+    gguf = registered_gguf(model, progress=lambda m: None)
+    tests = {"prefill_tok_s": ["-p", str(prompt_tokens), "-n", "0", "-d", "0"],
+             "decode_tok_s": ["-p", "0", "-n", str(new_tokens), "-d", str(prompt_tokens)]}
+    out = {"gguf": gguf.name}
+    for key, shape in tests.items():
+        cmd = [str(llama_cpp_binary("llama-bench")), "-m", str(gguf), "-t", str(threads), "-r", str(runs),
+               "-o", "json", *shape]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise RuntimeError(f"llama-bench exited with {done.returncode}: {done.stderr[-500:]}")
+        (test,) = json.loads(done.stdout)
+        out[key] = round(statistics.median(test["samples_ts"]), 1)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -80,6 +106,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=480)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--bandwidth", action="store_true", help="also report the share of copy bandwidth reached")
+    p.add_argument("--reference", choices=["llama-bench"], default=None,
+                   help="also run llama.cpp's llama-bench on the model's GGUF file and give our speed over its")
     p.add_argument("--verify-rows", default=None, metavar="K,K,...",
                    help="instead of decoding, time passes over K positions (verification) against one")
     args = p.parse_args(argv)
@@ -98,6 +126,11 @@ def main(argv=None) -> int:
     if args.bandwidth:
         result["copy_gb_s"] = machine_bandwidth()
         result["bandwidth_share"] = round(result["bandwidth_gb_s"] / result["copy_gb_s"], 3)
+    if args.reference:
+        reference = llama_bench(args.model, args.threads, args.prompt_tokens, args.new_tokens, args.runs)
+        result["llama_bench"] = reference | {
+            f"{key.removesuffix('_tok_s')}_x": round(result[key] / reference[key], 2)
+            for key in ("prefill_tok_s", "decode_tok_s")}
     result["tokens"] = result["tokens"][:16]
     print(json.dumps(result))
     return 0
