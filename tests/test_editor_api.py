@@ -176,6 +176,18 @@ def test_lookup_drafts_from_the_same_clients_earlier_completions(served):
     assert health["ngram_cache"]["tokens"] >= first["usage"]["completion_tokens"]
 
 
+def test_typing_within_a_line_prefills_only_the_typed_characters(qwen_server):
+    """The cursor line goes after the middle marker (`--cursor-line middle`, the default), so the
+    suffix before it stays cached while the line grows; in the prefix it would all move."""
+    suffix = "\n    return circumference\n\n\ndef square(side):\n    return side * side\n\n\nprint(circle(2))\n"
+    fields = ["content", "timings/prompt_n", "tokens_evaluated"]
+    answers = [post(qwen_server, "/infill", body("llama_vim_infill.json", input_suffix=suffix, prompt=typed,
+                                                  n_predict=4, response_fields=fields)).json()
+               for typed in ("    circumference = 2", "    circumference = 2 * math")]
+    assert answers[1]["tokens_evaluated"] > 40
+    assert answers[1]["timings/prompt_n"] <= 4, answers[1]  # " *", " math" and the token healing held back
+
+
 def test_qwen_fills_the_middle_for_every_client(qwen_server):
     for name in ("llama_vscode_infill.json", "llama_vim_infill.json"):
         # the middle (the repository context makes it a `return` of the value), then the guards

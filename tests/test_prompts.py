@@ -69,3 +69,19 @@ def test_a_suffix_budget_keeps_the_start_of_the_suffix():
     p = build_prompt(tok, "abc", "x" * 50, suffix_budget=8)
     assert p.ids == [1000, 97, 98, 99, 1001, *[120] * 8, 1002] and p.truncated
     assert build_prompt(tok, "abc", "xyz", suffix_budget=8).ids == build_prompt(tok, "abc", "xyz").ids
+
+
+def test_the_cursor_line_after_the_middle_token_leaves_the_rest_of_the_prompt_as_typing_goes_on():
+    tok = FimTokenizer()
+    a = build_prompt(tok, "ab\ncd", "\nxyz", cursor_line="middle")
+    assert a.ids == [1000, 97, 98, 10, 1001, 10, 120, 121, 122, 1002, 99, 100]
+    b = build_prompt(tok, "ab\ncde", "\nxyz", cursor_line="middle")
+    assert b.ids[: len(a.ids)] == a.ids and b.ids[len(a.ids):] == [101]
+    # at a line start the two layouts are the same prompt; without a suffix there is no middle
+    assert build_prompt(tok, "ab\n", "\nxyz", cursor_line="middle").ids == build_prompt(tok, "ab\n", "\nxyz").ids
+    assert build_prompt(tok, "ab\ncd", None, cursor_line="middle").ids == [97, 98, 10, 99, 100]
+    # a line longer than an eighth of the budget stays in the prefix, where the budget can cut it
+    long = build_prompt(tok, "ab\n" + "c" * 20, "\nxyz", budget=64, cursor_line="middle")
+    assert long.ids[-1] == 1002
+    with pytest.raises(ValueError, match="cursor line"):
+        build_prompt(tok, "ab", "xyz", cursor_line="suffix")

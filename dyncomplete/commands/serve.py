@@ -56,7 +56,7 @@ def run(args) -> int:
                         limits=Limits(max_connections=args.max_connections), api_key=api_key,
                         queue_size=args.queue_size, request_timeout_s=args.timeout,
                         max_tokens_limit=args.max_tokens_limit, context_budget=args.context_budget,
-                        suffix_budget=args.suffix_budget,
+                        suffix_budget=args.suffix_budget, cursor_line=args.cursor_line,
                         cache_bytes=int(args.cache_mb * 2**20), cache_reuse=args.cache_reuse,
                         client_memory=args.client_memory == "on",
                         ngram_cache=args.ngram_cache == "on")
@@ -102,6 +102,10 @@ def register(sub) -> None:
                    help="keep at most N tokens of the suffix (fill-in-the-middle), which every change before "
                         "the cursor prefills again (0: up to a quarter of the context budget, more when the "
                         "prefix leaves room)")
+    p.add_argument("--cursor-line", default="middle", choices=["prefix", "middle"],
+                   help="where a fill-in-the-middle prompt puts the cursor line's text before the cursor: after "
+                        "the middle token as the completion's start, as llama.cpp's /infill does, so typing within "
+                        "a line leaves the suffix in the prefix cache (default); or in the prefix")
     p.add_argument("--cache-mb", type=float, default=512, help="prefix-cache memory bound in MiB (0: off)")
     p.add_argument("--cache-reuse", type=int, default=0, metavar="N",
                    help="also reuse runs of at least N tokens of the last prompt at new positions, keys rotated "

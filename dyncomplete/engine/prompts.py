@@ -7,6 +7,11 @@ cursor) and the start of the suffix; a prefix over it is first cut at a stable l
 (`window.stable_prefix`), so that the CLI, the benchmark and the server send the model the same
 prompt for the same text, and a typing session's prompts share a prefix.
 
+Where the cursor line goes (`CURSOR_LINES`): in the prefix, or after the middle token as the
+completion's known start (what llama.cpp's /infill does with llama.vim's `prompt`). After the
+middle token, typing within a line changes only the prompt's end, so the suffix before it stays
+in the prefix cache.
+
 Repository context (`repo_context.RepoContext`: chunks of other files) goes first, in at most
 half the budget; the current file gets what it leaves.
 """
@@ -20,6 +25,7 @@ from .repo_context import RepoContext, render
 from .window import stable_prefix
 
 DEFAULT_CONTEXT_BUDGET = 1024
+CURSOR_LINES = ("prefix", "middle")  # where a FIM prompt puts the text of the cursor line before the cursor
 
 FIM_TEMPLATES = {
     # family: (prefix token, suffix token, middle token), checked against the vocabulary
@@ -50,23 +56,32 @@ def fim_tokens(tokenizer) -> tuple[int, int, int] | None:
 
 
 def build_prompt(tokenizer, prefix: str, suffix: str | None = None, budget: int = DEFAULT_CONTEXT_BUDGET,
-                 context: RepoContext | None = None, suffix_budget: int = 0) -> Prompt:
+                 context: RepoContext | None = None, suffix_budget: int = 0, cursor_line: str = "prefix") -> Prompt:
     """`suffix_budget`: at most this many suffix tokens (0: the share of the budget below). With
     the prefix first, every change before the cursor prefills the whole suffix again, so a
-    smaller suffix is a shorter prefill at every pause."""
+    smaller suffix is a shorter prefill at every pause. `cursor_line`: one of CURSOR_LINES."""
+    if cursor_line not in CURSOR_LINES:
+        raise ValueError(f"cursor line {cursor_line!r}: use one of {', '.join(CURSOR_LINES)}")
     if budget < 8:
         raise ValueError(f"context budget must be at least 8 tokens, got {budget}")
     if not prefix and not suffix:
         raise ValueError("empty prompt: give the code before the cursor")
     head, kept = render(tokenizer, context, budget // 2) if context and context.chunks else ([], 0)
-    prompt = _file_prompt(tokenizer, prefix, suffix, budget - len(head), suffix_budget)
+    prompt = _file_prompt(tokenizer, prefix, suffix, budget - len(head), suffix_budget, cursor_line)
     prompt.ids = head + prompt.ids
     prompt.context_chunks = kept
     return prompt
 
 
-def _file_prompt(tokenizer, prefix: str, suffix: str | None, budget: int, suffix_budget: int) -> Prompt:
+def _file_prompt(tokenizer, prefix: str, suffix: str | None, budget: int, suffix_budget: int,
+                 cursor_line: str) -> Prompt:
     fim = fim_tokens(tokenizer) if suffix else None
+    mid: list[int] = []
+    if fim and cursor_line == "middle":
+        lines, typed = prefix[: prefix.rfind("\n") + 1], prefix[prefix.rfind("\n") + 1 :]
+        typed_ids = tokenizer(typed, add_special_tokens=False).input_ids
+        if len(typed_ids) <= budget // 8:  # a very long line stays in the prefix, which can be cut
+            prefix, mid, budget = lines, typed_ids, budget - len(typed_ids)
     prefix, cut = stable_prefix(tokenizer, prefix, budget * 3 // 4 if fim else budget)
     pre = tokenizer(prefix, add_special_tokens=False).input_ids
     notice = ""
@@ -85,4 +100,4 @@ def _file_prompt(tokenizer, prefix: str, suffix: str | None, budget: int, suffix
         suf = suf[:keep_suf]
         pre = pre[-(room - len(suf)) :] if room - len(suf) > 0 else []
     p, s, m = fim
-    return Prompt([p, *pre, s, *suf, m], True, cut or truncated or cut_suffix, notice)
+    return Prompt([p, *pre, s, *suf, m, *mid], True, cut or truncated or cut_suffix, notice)

@@ -34,6 +34,7 @@ class Settings:
     max_tokens_limit: int = 1024
     context_budget: int = DEFAULT_CONTEXT_BUDGET
     suffix_budget: int = 0  # suffix tokens kept at most (0: the share of context_budget the prompt builder gives)
+    cursor_line: str = "middle"  # where a FIM prompt puts the typed part of the cursor line (prompts.CURSOR_LINES)
     cache_bytes: int = 512 * 2**20
     cache_reuse: int = 0  # reuse runs of at least this many tokens of the last prompt at new positions (0: off)
     client_memory: bool = True  # remember the files each editor sent and retrieve from them
@@ -51,7 +52,7 @@ class Server:
         self.client_history = ClientHistory() if settings.ngram_cache else None
         self.methods = list(dict.fromkeys((settings.default_method, *settings.methods)))
         self.worker = Worker(model, self.methods, settings.queue_size, settings.context_budget, self.prefix_cache,
-                             self.client_files, self.client_history, settings.suffix_budget)
+                             self.client_files, self.client_history, settings.suffix_budget, settings.cursor_line)
         self.method_families = families()
 
 

@@ -89,10 +89,10 @@ def build_methods(names: Sequence[str], model) -> dict[str, object]:
 class Worker:
     def __init__(self, model, methods: Sequence[str], queue_size: int, context_budget: int,
                  prefix_cache: PrefixCache, client_files: ClientFiles | None = None,
-                 client_history: ClientHistory | None = None, suffix_budget: int = 0):
-        """`methods`: the names requests may pick, all built here."""
+                 client_history: ClientHistory | None = None, suffix_budget: int = 0, cursor_line: str = "middle"):
+        """`methods`: the names requests may pick, all built here; `cursor_line`: see prompts.CURSOR_LINES."""
         self.model = model
-        self.context_budget, self.suffix_budget = context_budget, suffix_budget
+        self.context_budget, self.suffix_budget, self.cursor_line = context_budget, suffix_budget, cursor_line
         self.prefix_cache = prefix_cache
         self.client_files = client_files
         self.client_history = client_history
@@ -190,7 +190,8 @@ class Worker:
         context = job.context
         if job.memory is not None and self.client_files is not None:
             context = self.client_files.context(job.memory, job.prefix, job.suffix, job.context)
-        prompt = build_prompt(self.model.tokenizer, job.prefix, job.suffix, budget, context, self.suffix_budget)
+        prompt = build_prompt(self.model.tokenizer, job.prefix, job.suffix, budget, context, self.suffix_budget,
+                              self.cursor_line)
         if job.cancelled():  # tokenising counts against the deadline too
             raise _Skipped
         cache = None  # no prefix cache for this request: the method prefills the whole prompt
