@@ -121,6 +121,20 @@ SESSION_COLUMNS = {
 }
 SESSION_DEFAULT = ("model", "method", "row", "n", "p50", "p95", "ttft_p50", "cached", "exact")
 
+SPEED_COLUMNS = {  # one `python -m dyncomplete.bench.speed --reference llama-bench` output a row
+    "model": Column("model", "model", str, align="---"),
+    "quant": Column("weights", "quant", str, align="---"),
+    "decode": Column("decode tok/s", "decode_tok_s", _fixed(1)),
+    "bandwidth": Column("share of copy bandwidth", "bandwidth_share", _pct),
+    "llama_decode": Column("llama-bench decode tok/s", lambda r: r["llama_bench"]["decode_tok_s"], _fixed(1)),
+    "decode_x": Column("decode vs llama-bench", lambda r: r["llama_bench"]["decode_x"], _ratio),
+    "prefill": Column("prefill tok/s", "prefill_tok_s", _fixed(0)),
+    "llama_prefill": Column("llama-bench prefill tok/s", lambda r: r["llama_bench"]["prefill_tok_s"], _fixed(0)),
+    "prefill_x": Column("prefill vs llama-bench", lambda r: r["llama_bench"]["prefill_x"], _ratio),
+    "load": Column("load s", "load_s", _fixed(1)),
+}
+SPEED_DEFAULT = tuple(SPEED_COLUMNS)
+
 
 def _cell(column: Column, row: dict) -> str:
     value = column.value(row) if callable(column.value) else row.get(column.value)
@@ -202,7 +216,15 @@ def render_session(sources, column_names) -> list[str]:
     return notes + [""] + _table(columns, rows)
 
 
-KINDS = {"bench": (render_bench, BENCH_COLUMNS), "session": (render_session, SESSION_COLUMNS)}
+def render_speed(sources, column_names) -> list[str]:
+    runs = [json.loads(path.read_text()) for path, _ in sources]
+    notes = [_provenance(run["command"], run, True) for run in runs]
+    columns = [SPEED_COLUMNS[c] for c in column_names or SPEED_DEFAULT]
+    return notes + [""] + _table(columns, runs)
+
+
+KINDS = {"bench": (render_bench, BENCH_COLUMNS), "session": (render_session, SESSION_COLUMNS),
+         "speed": (render_speed, SPEED_COLUMNS)}
 
 
 def render_block(spec: str, base: Path) -> str:

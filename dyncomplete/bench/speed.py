@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
+import sys
 import sysconfig
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from ..models import load
 from ..models.verify_cost import pass_times
+from ..paths import cpu_name
 from .bandwidth import machine_bandwidth
 
 PROMPT_FILE = Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py"
@@ -132,6 +136,8 @@ def main(argv=None) -> int:
             f"{key.removesuffix('_tok_s')}_x": round(result[key] / reference[key], 2)
             for key in ("prefill_tok_s", "decode_tok_s")}
     result["tokens"] = result["tokens"][:16]
+    result |= {"model": args.model, "command": shlex.join(["python", "-m", "dyncomplete.bench.speed", *sys.argv[1:]]),
+               "cpu": cpu_name(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     print(json.dumps(result))
     return 0
 
