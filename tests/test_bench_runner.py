@@ -186,3 +186,13 @@ def test_the_early_exit_plot_is_drawn_only_beside_a_baseline(tmp_path):
     assert plot_exit_energy([{**summary, "methods": {"early-exit:margin@0.5": row}}], tmp_path / "g.png") is None
     tuned = {**summary, "model": "m-lite"}  # two runs, one figure: the title names both
     assert plot_exit_energy([summary, tuned, {**summary, "methods": {}}], tmp_path / "h.png").stat().st_size > 10_000
+
+
+def test_a_run_from_before_the_cursor_line_option_had_it_in_the_prefix(tmp_path):
+    from dyncomplete.bench.runner import check_run
+
+    config = {"model": "m", "dataset": "x.jsonl", "dtype": "bfloat16", "quant": "int4"}
+    (tmp_path / "run.json").write_text(json.dumps(config))
+    check_run(tmp_path, {**config, "cursor_line": "prefix"})
+    with pytest.raises(ValueError, match="holds a run with cursor_line 'prefix', not 'middle'"):
+        check_run(tmp_path, {**config, "cursor_line": "middle"})

@@ -46,7 +46,7 @@ class FimTokenizer:
 
 def test_fim_layout_and_budget_split():
     tok = FimTokenizer()
-    p = build_prompt(tok, "abc", "xyz")
+    p = build_prompt(tok, "abc", "xyz", cursor_line="prefix")
     assert p.fim and p.ids == [1000, 97, 98, 99, 1001, 120, 121, 122, 1002]
     p = build_prompt(tok, "a" * 100, "b" * 100, budget=44)
     assert len(p.ids) == 44 and p.truncated
@@ -66,22 +66,22 @@ def test_empty_prompt_and_tiny_budget_are_refused(smollm):
 
 def test_a_suffix_budget_keeps_the_start_of_the_suffix():
     tok = FimTokenizer()
-    p = build_prompt(tok, "abc", "x" * 50, suffix_budget=8)
-    assert p.ids == [1000, 97, 98, 99, 1001, *[120] * 8, 1002] and p.truncated
+    p = build_prompt(tok, "ab\n", "x" * 50, suffix_budget=8)
+    assert p.ids == [1000, 97, 98, 10, 1001, *[120] * 8, 1002] and p.truncated
     assert build_prompt(tok, "abc", "xyz", suffix_budget=8).ids == build_prompt(tok, "abc", "xyz").ids
 
 
 def test_the_cursor_line_after_the_middle_token_leaves_the_rest_of_the_prompt_as_typing_goes_on():
     tok = FimTokenizer()
-    a = build_prompt(tok, "ab\ncd", "\nxyz", cursor_line="middle")
+    a = build_prompt(tok, "ab\ncd", "\nxyz")  # the default
     assert a.ids == [1000, 97, 98, 10, 1001, 10, 120, 121, 122, 1002, 99, 100]
-    b = build_prompt(tok, "ab\ncde", "\nxyz", cursor_line="middle")
+    b = build_prompt(tok, "ab\ncde", "\nxyz")
     assert b.ids[: len(a.ids)] == a.ids and b.ids[len(a.ids):] == [101]
     # at a line start the two layouts are the same prompt; without a suffix there is no middle
-    assert build_prompt(tok, "ab\n", "\nxyz", cursor_line="middle").ids == build_prompt(tok, "ab\n", "\nxyz").ids
-    assert build_prompt(tok, "ab\ncd", None, cursor_line="middle").ids == [97, 98, 10, 99, 100]
+    assert build_prompt(tok, "ab\n", "\nxyz").ids == build_prompt(tok, "ab\n", "\nxyz", cursor_line="prefix").ids
+    assert build_prompt(tok, "ab\ncd", None).ids == [97, 98, 10, 99, 100]
     # a line longer than an eighth of the budget stays in the prefix, where the budget can cut it
-    long = build_prompt(tok, "ab\n" + "c" * 20, "\nxyz", budget=64, cursor_line="middle")
+    long = build_prompt(tok, "ab\n" + "c" * 20, "\nxyz", budget=64)
     assert long.ids[-1] == 1002
     with pytest.raises(ValueError, match="cursor line"):
         build_prompt(tok, "ab", "xyz", cursor_line="suffix")

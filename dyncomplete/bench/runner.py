@@ -43,16 +43,18 @@ def read_results(out: Path) -> list[dict]:
     return records
 
 
-RUN_DEFAULTS = {"quant": "none", "repo_context": "on", "editor_guards": "off"}  # keys older run.json files lack
+RUN_DEFAULTS = {"quant": "none", "repo_context": "on", "editor_guards": "off",  # keys older run.json files lack
+                "cursor_line": "prefix"}
 
 
 def check_run(out: Path, config: dict) -> None:
     """Refuse to mix the results of a different model, dataset, dtype, weight format,
-    repository-context or editor-guards setting into one folder (runs from before a key existed had its default)."""
+    repository-context, editor-guards or cursor-line setting into one folder (runs from before a
+    key existed had its default)."""
     path = out / RUN_FILE
     if path.is_file():
         before = {**RUN_DEFAULTS, **json.loads(path.read_text())}
-        for key in ("model", "dataset", "dtype", "quant", "repo_context", "editor_guards"):
+        for key in ("model", "dataset", "dtype", "quant", "repo_context", "editor_guards", "cursor_line"):
             now = config.get(key, RUN_DEFAULTS.get(key))
             if before.get(key) != now:
                 raise ValueError(f"{out} holds a run with {key} {before.get(key)!r}, not {now!r}: use another --out")
@@ -95,9 +97,10 @@ def record_of(example, name, completion, prompt, measurement, model, has_tests, 
 
 def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter, config: dict,
               context_budget: int = 1024, progress: bool = True, repo_context: bool = True,
-              editor_guards: bool = False) -> list[dict]:
+              editor_guards: bool = False, cursor_line: str = "middle") -> list[dict]:
     """Run what examples.jsonl lacks; return every result of these methods on these examples.
-    `editor_guards`: each completion ends where the server's guards for that cursor end it."""
+    `editor_guards`: each completion ends where the server's guards for that cursor end it;
+    `cursor_line`: where a FIM prompt puts the cursor line (prompts.CURSOR_LINES)."""
     out = Path(out)
     if dataset.has_tests:
         usable_bwrap()  # refuse before any generation, not at the first example's tests
@@ -109,13 +112,13 @@ def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter
                   for name, m in methods.items()}
     pending = [(ex, name) for ex in dataset.examples for name in method_names if (str(ex["id"]), name) not in done]
     if pending:
-        _warm_up(model, methods, dataset, context_budget, repo_context)
+        _warm_up(model, methods, dataset, context_budget, repo_context, cursor_line)
     with open(out / EXAMPLES, "a", encoding="utf-8") as sink, _progress(len(pending), progress) as bar:
         last = None
         for example, name in pending:
             key = str(example["id"])
             if key != last:  # pending is ordered by example: one prompt (and cursor) per example
-                prompt = prompt_of(model, example, context_budget, repo_context)
+                prompt = prompt_of(model, example, context_budget, repo_context, cursor_line)
                 params = dataset.params
                 if editor_guards:
                     guards = EditorGuards.for_cursor(example["input"], example.get("suffix"))
@@ -131,18 +134,19 @@ def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter
     return [r for r in read_results(out) if r["id"] in ids and r["method"] in methods]
 
 
-def prompt_of(model, example: dict, context_budget: int, repo_context: bool):
+def prompt_of(model, example: dict, context_budget: int, repo_context: bool, cursor_line: str = "middle"):
     """The example's prompt; with its repository context (`extra`) when it has one and
     `repo_context` is on."""
     context = None
     if repo_context and example.get("extra"):
         context = RepoContext.from_records(example["extra"], example.get("path", ""), example.get("repo", ""))
-    return build_prompt(model.tokenizer, example["input"], example.get("suffix"), context_budget, context)
+    return build_prompt(model.tokenizer, example["input"], example.get("suffix"), context_budget, context,
+                        cursor_line=cursor_line)
 
 
-def _warm_up(model, methods, dataset, context_budget, repo_context) -> None:
+def _warm_up(model, methods, dataset, context_budget, repo_context, cursor_line) -> None:
     example = dataset.examples[0]
-    prompt = prompt_of(model, example, context_budget, repo_context)
+    prompt = prompt_of(model, example, context_budget, repo_context, cursor_line)
     params = dataclasses.replace(dataset.params, max_new_tokens=min(WARMUP_TOKENS, dataset.params.max_new_tokens))
     for method in methods.values():
         method.generate(model, prompt.ids, params)

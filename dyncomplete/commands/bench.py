@@ -53,9 +53,10 @@ def run(args) -> int:
     dtype = str(model.dtype).removeprefix("torch.")
     config = {"model": model.name, "dataset": dataset.name, "dtype": dtype, "quant": model.quant,
               "device": args.device, "context_budget": args.context_budget, "repo_context": args.repo_context,
-              "editor_guards": args.editor_guards}
+              "editor_guards": args.editor_guards, "cursor_line": args.cursor_line}
     records = run_bench(model, dataset, names, out, meter, config, args.context_budget, progress=not args.no_progress,
-                        repo_context=args.repo_context == "on", editor_guards=args.editor_guards == "on")
+                        repo_context=args.repo_context == "on", editor_guards=args.editor_guards == "on",
+                        cursor_line=args.cursor_line)
     header = {**config, "command": shlex.join(["dyncomplete", *sys.argv[1:]]),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
               "threads": torch.get_num_threads(), "memory_bandwidth_gbs": machine_bandwidth(),
@@ -90,6 +91,9 @@ def register(sub) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N examples (line-py, line-java: default 200)")
     p.add_argument("--out", required=True, help="folder for the results; an existing run there is resumed")
     p.add_argument("--context-budget", type=int, default=1024, help="prompt tokens kept")
+    p.add_argument("--cursor-line", default="middle", choices=["prefix", "middle"],
+                   help="where a fill-in-the-middle prompt puts the cursor line's text: after the middle token, "
+                        "as `serve` does (default), or in the prefix (runs before this option)")
     p.add_argument("--repo-context", default="on", choices=["on", "off"],
                    help="put an example's repository context (its 'extra' chunks, e.g. from `data cross-file`) "
                         "before its prompt")

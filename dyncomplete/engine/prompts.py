@@ -10,7 +10,8 @@ prompt for the same text, and a typing session's prompts share a prefix.
 Where the cursor line goes (`CURSOR_LINES`): in the prefix, or after the middle token as the
 completion's known start (what llama.cpp's /infill does with llama.vim's `prompt`). After the
 middle token, typing within a line changes only the prompt's end, so the suffix before it stays
-in the prefix cache.
+in the prefix cache. It goes there by default (`serve --cursor-line` and `bench --cursor-line`
+choose).
 
 Repository context (`repo_context.RepoContext`: chunks of other files) goes first, in at most
 half the budget; the current file gets what it leaves.
@@ -56,10 +57,10 @@ def fim_tokens(tokenizer) -> tuple[int, int, int] | None:
 
 
 def build_prompt(tokenizer, prefix: str, suffix: str | None = None, budget: int = DEFAULT_CONTEXT_BUDGET,
-                 context: RepoContext | None = None, suffix_budget: int = 0, cursor_line: str = "prefix") -> Prompt:
+                 context: RepoContext | None = None, suffix_budget: int = 0, cursor_line: str = "middle") -> Prompt:
     """`suffix_budget`: at most this many suffix tokens (0: the share of the budget below). With
-    the prefix first, every change before the cursor prefills the whole suffix again, so a
-    smaller suffix is a shorter prefill at every pause. `cursor_line`: one of CURSOR_LINES."""
+    the prefix first, every change in it prefills the whole suffix again, so a smaller suffix is
+    a shorter prefill at such pauses. `cursor_line`: one of CURSOR_LINES."""
     if cursor_line not in CURSOR_LINES:
         raise ValueError(f"cursor line {cursor_line!r}: use one of {', '.join(CURSOR_LINES)}")
     if budget < 8:
