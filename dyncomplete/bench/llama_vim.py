@@ -45,17 +45,19 @@ class Context:
     suffix: str
     indent: int
 
+    def key(self, prefix: str | None = None) -> str:
+        """The text's key (`prefix`: another prefix window in its place)."""
+        prefix = self.prefix if prefix is None else prefix
+        return hashlib.sha256(f"{prefix}{self.middle}{CURSOR_MARK}{self.suffix}".encode()).hexdigest()
+
     def keys(self) -> list[str]:
         """The text's key and those of the text without the prefix window's first 1..3 lines."""
-        def key(prefix: str) -> str:
-            return hashlib.sha256(f"{prefix}{self.middle}{CURSOR_MARK}{self.suffix}".encode()).hexdigest()
-
-        out, trimmed = [key(self.prefix)], self.prefix
+        out, trimmed = [self.key()], self.prefix
         for _ in range(3):
             trimmed = trimmed.partition("\n")[2]
             if not trimmed:
                 break
-            out.append(key(trimmed))
+            out.append(self.key(trimmed))
         return out
 
 
@@ -131,13 +133,12 @@ class SuggestionCache:
         """`s:fim_try_hint`: the answer for this text, or else the rest of one made up to
         TYPED_BACK characters earlier whose start is what was typed since (picked as the plugin
         picks among several)."""
-        exact = self.get(context.keys()[0])
+        exact = self.get(context.key())
         if exact is not None:
             return exact
         before, found, best = context.prefix + context.middle, None, 0
         for back in range(1, min(TYPED_BACK, len(before)) + 1):
-            earlier = Context(before[:-back], "", context.suffix, 0)
-            cached = self.get(earlier.keys()[0])
+            cached = self.get(Context(before[:-back], "", context.suffix, 0).key())
             if not cached or cached[:back] != before[-back:] or not cached[back:]:
                 continue
             rest = cached[back:]

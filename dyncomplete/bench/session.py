@@ -34,6 +34,7 @@ import httpx
 import numpy as np
 
 from . import llama_vim
+from .llama_vim import indent_of
 from .metrics import edit_similarity
 
 CONTEXT_FILE_BYTES = 256 * 2**10  # a sibling file larger than this is not sent
@@ -214,10 +215,6 @@ class Request:
 
 def following_lines(cursor: Cursor) -> tuple[str, ...]:
     return tuple(cursor.after.split("\n")[1:])
-
-
-def indent_of(text: str) -> int:
-    return len(text) - len(text.lstrip())
 
 
 def down_columns(line: str) -> list[int]:

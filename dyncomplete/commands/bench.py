@@ -91,6 +91,7 @@ def register(sub) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N examples (line-py, line-java: default 200)")
     p.add_argument("--out", required=True, help="folder for the results; an existing run there is resumed")
     p.add_argument("--context-budget", type=int, default=1024, help="prompt tokens kept")
+    # the choices are prompts.CURSOR_LINES, not imported: the engine package imports torch, which --help need not
     p.add_argument("--cursor-line", default="middle", choices=["prefix", "middle"],
                    help="where a fill-in-the-middle prompt puts the cursor line's text: after the middle token, "
                         "as `serve` does (default), or in the prefix (runs before this option)")

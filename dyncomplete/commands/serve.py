@@ -99,9 +99,10 @@ def register(sub) -> None:
     p.add_argument("--context-budget", type=positive(int), default=1024,
                    help="prompt tokens kept; a longer prefix is cut at a stable line start (see docs)")
     p.add_argument("--suffix-budget", type=positive(int, zero=True), default=0, metavar="N",
-                   help="keep at most N tokens of the suffix (fill-in-the-middle), which every change before "
-                        "the cursor prefills again (0: up to a quarter of the context budget, more when the "
+                   help="keep at most N tokens of the suffix (fill-in-the-middle), which every change in the "
+                        "prefix prefills again (0: up to a quarter of the context budget, more when the "
                         "prefix leaves room)")
+    # the choices are prompts.CURSOR_LINES, not imported: the engine package imports torch, which --help need not
     p.add_argument("--cursor-line", default="middle", choices=["prefix", "middle"],
                    help="where a fill-in-the-middle prompt puts the cursor line's text before the cursor: after "
                         "the middle token as the completion's start, as llama.cpp's /infill does, so typing within "

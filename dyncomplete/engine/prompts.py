@@ -79,7 +79,8 @@ def _file_prompt(tokenizer, prefix: str, suffix: str | None, budget: int, suffix
     fim = fim_tokens(tokenizer) if suffix else None
     mid: list[int] = []
     if fim and cursor_line == "middle":
-        lines, typed = prefix[: prefix.rfind("\n") + 1], prefix[prefix.rfind("\n") + 1 :]
+        line_start = prefix.rfind("\n") + 1
+        lines, typed = prefix[:line_start], prefix[line_start:]
         typed_ids = tokenizer(typed, add_special_tokens=False).input_ids
         if len(typed_ids) <= budget // 8:  # a very long line stays in the prefix, which can be cut
             prefix, mid, budget = lines, typed_ids, budget - len(typed_ids)
