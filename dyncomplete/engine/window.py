@@ -35,14 +35,15 @@ def stable_prefix(tokenizer, prefix: str, budget: int) -> tuple[str, bool]:
     def tokens_from(char: int) -> int:
         return n - bisect.bisect_left(token_starts, char)
 
-    # one token of slack: text cut at a line start may tokenize into one more token than counted
+    # one token of slack: text cut at a line start may tokenize into more tokens than counted,
+    # so the best cut is checked, and the next best taken while it does not fit
     lines = [i + 1 for i, ch in enumerate(prefix) if ch == "\n" and budget // 2 <= tokens_from(i + 1) < budget]
-    if not lines:  # one line longer than half the budget: its tail
-        return prefix[token_starts[n - budget + 1]:], True
 
     def rank_at(start: int) -> tuple[int, int]:
         end = prefix.find("\n", start)
         return line_rank(prefix[start:end if end >= 0 else len(prefix)]), -start
 
-    cut = max(lines, key=rank_at)
-    return prefix[cut:], True
+    for cut in sorted(lines, key=rank_at, reverse=True):
+        if len(tokenizer(prefix[cut:], add_special_tokens=False).input_ids) <= budget:
+            return prefix[cut:], True
+    return prefix[token_starts[n - budget + 1]:], True  # no line start fits: the tail
