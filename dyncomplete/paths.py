@@ -39,3 +39,12 @@ def machine_measurement(file: str, key: str, measure: Callable[[], float]) -> fl
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(known, indent=1) + "\n")
     return known[key]
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes bfloat16 natively (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..paths import cpu_has_bf16
 from . import native
 from .attention import SHORT_QUERY
 from .decoder import Decoder
@@ -113,7 +114,9 @@ def _fuse(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
 class FastEngine:
     """Per-layer computation for a llama/qwen2 decoder (see the module docstring)."""
 
-    def __init__(self, decoder: Decoder, quant: str = "none"):
+    def __init__(self, decoder: Decoder, quant: str = "none", packed: dict[str, tuple] | None = None):
+        """`packed`: the int4 blocks of every linear by `linear_names` (a snapshot's, `packed.py`),
+        the decoder's weights then being their dequantized values already."""
         if not supports(decoder):
             raise ValueError(f"the fast engine runs llama and qwen2 (static RoPE, SiLU), not {decoder.kind}")
         if quant not in QUANTS:
@@ -122,6 +125,8 @@ class FastEngine:
         self.quant = quant
         config = decoder.config
         dtype, device = decoder.lm_head.weight.dtype, decoder.lm_head.weight.device
+        if packed is not None and quant != "int4":
+            raise ValueError(f"packed int4 blocks need --quant int4, not {quant}")
         if quant != "none" and device.type != "cpu":
             raise ValueError("quantized weights use PyTorch's CPU kernels: run them on the CPU")
         self.dtype, self.device = dtype, device
@@ -139,32 +144,35 @@ class FastEngine:
         # the modules the engine was built from: once peft wraps them, the hf engine runs
         self.built_from = (attn0.q_proj, decoder.layers[0].mlp.down_proj)
         self.layers: list[FastLayer] = []
+        dequantize = quant != "none" and packed is None  # the Hugging Face modules get the weights the kernels use
+
+        def linear(key: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+            lin = Linear(weight, bias, quant, invariant, packed=packed[key] if packed is not None else None)
+            if dequantize:  # tied embeddings get the head's dequantized rows too: one consistent model
+                weight.copy_(lin.dequantized())
+                lin.levels = None
+            return lin
+
         with torch.no_grad():
-            for layer in decoder.layers:
+            for i, layer in enumerate(decoder.layers):
                 attn, mlp = layer.self_attn, layer.mlp
                 qkv_w, qkv_b = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
                 gu_w, gu_b = _fuse([mlp.gate_proj, mlp.up_proj])
-                fast = FastLayer(
+                self.layers.append(FastLayer(
                     layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                    Linear(qkv_w, qkv_b, quant, invariant),
-                    Linear(attn.o_proj.weight, attn.o_proj.bias, quant, invariant),
-                    Linear(gu_w, gu_b, quant, invariant),
-                    Linear(mlp.down_proj.weight, mlp.down_proj.bias, quant, invariant),
+                    linear(f"layers.{i}.qkv", qkv_w, qkv_b),
+                    linear(f"layers.{i}.o", attn.o_proj.weight, attn.o_proj.bias),
+                    linear(f"layers.{i}.gate_up", gu_w, gu_b),
+                    linear(f"layers.{i}.down", mlp.down_proj.weight, mlp.down_proj.bias),
                     attn,
-                )
-                if quant != "none":  # the Hugging Face modules get the weights the kernels use
-                    for lin in (fast.qkv, fast.o, fast.gate_up, fast.down):
-                        lin.weight.copy_(lin.dequantized())
-                        lin.levels = None
-                self.layers.append(fast)
+                ))
             self.final_norm_weight = decoder.core.norm.weight
             self.native = self._native_layers() if quant == "int4" else None
             head = decoder.lm_head
-            self.lm_head = Linear(head.weight, head.bias, quant, invariant)
-            if quant != "none":  # tied embeddings get the dequantized rows too: one consistent model
-                head.weight.copy_(self.lm_head.dequantized())
-                self.lm_head.levels = None
+            self.lm_head = linear("lm_head", head.weight, head.bias)
         self.embedding = decoder.core.embed_tokens.weight
+        # prompts through decode.c too where PyTorch's bfloat16 GEMM has no native instructions
+        self.native_prefill = self.native is not None and not cpu_has_bf16()
 
     def _native_layers(self) -> bindings.Layers:
         """decode.c's view of every layer (pointers into this engine's tensors); the layers run
@@ -286,19 +294,24 @@ class FastEngine:
             cache.lengths[i] += hidden.shape[1]
 
     def run_native(self, layers: range, hidden: torch.Tensor, ctx: StepContext, cache: KVCache | None):
-        """`layers` in one call of decode.c where `_native_room` allows it; None otherwise (the
-        caller takes the PyTorch path). Causal (or tree) attention over the cache, no mask tensor
-        needed; the same bits whether the layers run in one call or one call each."""
+        """`layers` in one call of decode.c where `_native_room` allows it (a prompt, with
+        `native_prefill`, in one call per SHORT_QUERY positions); None otherwise (the caller takes
+        the PyTorch path). Causal (or tree) attention over the cache, no mask tensor needed; the
+        same bits whether the layers run in one call or one call each, and a prompt's positions
+        the bits one-token steps would give them."""
         step = ctx.state_of(self)
         room = self._native_room(layers, hidden, ctx, step, cache)
         if room is None:
             return None
         start, keys = room
-        out = self.native.forward(layers, hidden, start, ctx.tree_parents, keys, [cache.values[i] for i in layers],
-                                  step.cos, step.sin)
+        values = [cache.values[i] for i in layers]
+        q_len = hidden.shape[1]
+        outs = [self.native.forward(layers, hidden[:, a : a + SHORT_QUERY], start + a, ctx.tree_parents, keys, values,
+                                    step.cos[a : a + SHORT_QUERY], step.sin[a : a + SHORT_QUERY])
+                for a in range(0, q_len, SHORT_QUERY)]
         for i in layers:
-            cache.lengths[i] += hidden.shape[1]
-        return out
+            cache.lengths[i] += q_len
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
     def _native_room(self, layers: range, hidden: torch.Tensor, ctx: StepContext, step: FastStep,
                      cache: KVCache) -> tuple[int, list[torch.Tensor]] | None:
@@ -307,7 +320,8 @@ class FastEngine:
         step's positions follow (for a token tree, the slot its first row takes). Then (start,
         each layer's key buffer grown to hold the step); else None."""
         q_len = hidden.shape[1]
-        if self.native is None or cache is None or q_len > SHORT_QUERY:
+        long_prompt = q_len > SHORT_QUERY and not (self.native_prefill and ctx.tree_parents is None)
+        if self.native is None or cache is None or long_prompt:
             return None
         start = cache.lengths[layers[0]]
         if ctx.tree_parents is not None:
@@ -372,6 +386,13 @@ class FastEngine:
         out, _ = sdpa_attention_forward(module, q.transpose(1, 2), keys, values, mask, dropout=0.0,
                                         scaling=self.scale)
         return out.reshape(1, out.shape[1], -1)
+
+    def linears(self) -> dict[str, Linear]:
+        """Every linear by the name `packed` knows it by."""
+        named = {"lm_head": self.lm_head}
+        for i, layer in enumerate(self.layers):
+            named |= {f"layers.{i}.{part}": getattr(layer, part) for part in ("qkv", "o", "gate_up", "down")}
+        return named
 
     # -- accounting ---------------------------------------------------------------------------
 

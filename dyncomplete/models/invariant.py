@@ -9,6 +9,11 @@ depends on the number of rows, and the rounding to bfloat16 then flips near-tied
 `lookup`'s HumanEval completions differed from `baseline` in bfloat16, none in float32.
 Splitting every such reduction into blocks of at most 1024 and adding the blocks' results makes
 each row's result independent of the others, for about 1.5 ms per SmolLM2 token.
+
+That holds only where the CPU has bfloat16 instructions (AVX512-BF16, AMX). On an Ice Lake Xeon
+without them the GEMM's rows depend on the row count at K = 576 too (and attention's over 512
+keys), so a bfloat16 model on PyTorch's products is not lossless there; `load` says so. There
+`--dtype auto` runs the int4 kernels of `native/`, row-invariant by construction.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ ENGINES = ("auto", "fast", "hf")
 
 class LayeredModel:
     def __init__(self, hf_model, tokenizer=None, name: str = "model", source_sha256: str | None = None,
-                 engine: str = "auto", quant: str = "none"):
+                 engine: str = "auto", quant: str = "none", packed: dict[str, tuple] | None = None):
+        """`packed`: the fast engine's int4 blocks, already made (a snapshot's: `packed.py`)."""
         self.hf = hf_model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -61,7 +62,7 @@ class LayeredModel:
         self.quant = quant
         self.engines: dict[str, Engine] = {}
         if engine == "fast":
-            self.engines["fast"] = fast.FastEngine(decoder, quant)
+            self.engines["fast"] = fast.FastEngine(decoder, quant, packed)
         # on the fast engine's rotary tables where it has them: both engines see the same values
         self.engines["hf"] = HFEngine(decoder, self.engines["fast"].rotary if engine == "fast" else None)
 

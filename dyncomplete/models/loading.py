@@ -1,7 +1,8 @@
 """Load a model by alias, local directory, `.gguf` path or hub id into a `LayeredModel`.
 
 GGUF files are converted once (dequantised by transformers) into a plain safetensors directory
-in the cache; later loads read that copy in a fraction of a second. Conversions are written to a
+in the cache. A registered model loaded for the int4 engine is also saved once as that engine
+reads it (`packed.py`), and later loads map that snapshot instead of converting again. Conversions are written to a
 temporary name and renamed at the end, so an interrupted run leaves nothing half-written. Each
 converted directory carries the SHA-256 of its files, recorded at conversion and checked at
 every load (`integrity.py`), so damaged or altered cached weights are refused, never served.
@@ -9,6 +10,7 @@ every load (`integrity.py`), so damaged or altered cached weights are refused, n
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -17,21 +19,15 @@ from pathlib import Path
 
 import torch
 
-from . import native
+from ..paths import cpu_has_bf16
+from . import fast, native
 from .integrity import check_assembled, check_cached, check_gguf_copy, record_digest
 from .layered import LayeredModel
+from .packed import Snapshot
 from .registry import REGISTRY, ModelError, cache_root, cached_dir, lookup, sha256_of
 from .tuned import merge_adapter, tuned_base
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
@@ -43,6 +39,30 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
     if name not in DTYPES:
         raise ModelError(f"unknown dtype {name!r}: use auto, {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def load_dtype(name: str, dtype: str, device: str, quant: str, engine: str, progress=print) -> torch.dtype:
+    """`resolve_dtype`, but `auto` is bfloat16 also on a CPU without bfloat16 instructions where the
+    int4 kernels will run (llama or qwen2, `--quant auto` or `int4`): decode.c computes in int8
+    and float32 and only stores bfloat16, and its prompts then run there too (`native_prefill`)."""
+    chosen = resolve_dtype(dtype, device)
+    int4 = quant == "int4" or quant == "auto"
+    if dtype != "auto" or chosen != torch.float32 or device != "cpu" or engine == "hf" or not int4:
+        return chosen
+    return torch.bfloat16 if _model_type(name, progress) in fast.FAST_KINDS and native.available() else chosen
+
+
+def _model_type(name: str, progress) -> str | None:
+    """The `model_type` of a model's config, from the converted copy without hashing it where
+    there is one (the load that follows checks it); None for a hub id."""
+    base = tuned_base(name) or name
+    config = cached_dir(base) / "config.json" if base in REGISTRY else None
+    if config is None or not config.is_file():
+        config = Path(resolve(base, progress)[0]) / "config.json"
+    try:
+        return json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
 
 
 def _quiet_transformers():
@@ -169,8 +189,13 @@ def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, qu
 
     _quiet_transformers()
     base = tuned_base(name)
+    torch_dtype = load_dtype(name, dtype, device, quant, engine, progress)
+    snapshot = Snapshot.for_load(name, torch_dtype, quant, engine, device)
+    if snapshot is not None and snapshot.current():
+        layered = snapshot.load(progress)  # checked against its digest there
+        native.release_thread_pool()
+        return layered
     source, sha = resolve(base or name, progress)  # a converted copy is checked against its digest here
-    torch_dtype = resolve_dtype(dtype, device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype).to(device)
@@ -186,5 +211,11 @@ def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, qu
         layered = LayeredModel(model, tokenizer, name=name, source_sha256=sha, engine=engine, quant=quant)
     except ValueError as exc:
         raise ModelError(f"{name}: {exc}") from exc
+    if snapshot is not None:
+        snapshot.save(layered, progress)
+    if layered.dtype == torch.bfloat16 and layered.quant != "int4" and device == "cpu" and not cpu_has_bf16():
+        progress("warning: this CPU has no bfloat16 instructions, and PyTorch's bfloat16 products here depend on "
+                 "how many positions run together: speculative methods may differ from baseline (invariant.py); "
+                 "use --quant int4 (what --dtype auto picks) or --dtype float32")
     native.release_thread_pool()  # the server decodes in another thread than this one (see there)
     return layered

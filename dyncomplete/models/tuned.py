@@ -63,7 +63,12 @@ def merge_adapter(hf_model, name: str, base_sha256: str | None):
     if base_sha256 and record.get("base_sha256") not in (None, base_sha256):
         raise ModelError(f"the adapter in {folder} was trained on other weights than {tuned_base(name)!r}")
     merged = PeftModel.from_pretrained(hf_model, str(folder)).merge_and_unload()
+    return merged, tuned_digest(name, base_sha256)
+
+
+def tuned_digest(name: str, base_sha256: str | None) -> str:
+    """A tuned model's own digest: of its base weights' pinned hash and its adapter's files."""
     digest = hashlib.sha256((base_sha256 or "").encode())
-    for path in sorted(folder.iterdir()):
+    for path in sorted(adapter_dir(name).iterdir()):
         digest.update(f"{path.name}:{sha256_of(path)}".encode())
-    return merged, digest.hexdigest()
+    return digest.hexdigest()

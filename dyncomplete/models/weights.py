@@ -56,7 +56,9 @@ class Linear:
                  "out_features", "levels", "native")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, quant: str = "none",
-                 invariant: bool = False, group: int = INT4_GROUP):
+                 invariant: bool = False, group: int = INT4_GROUP, packed: tuple | None = None):
+        """`packed`: int4 blocks as `native.pack_int4` made them from this weight (a snapshot's,
+        `packed.py`); `weight` then already holds their dequantized values."""
         self.out_features, self.in_features = weight.shape
         self.weight, self.bias, self.quant, self.group = weight, bias, quant, group
         self.split = invariant and self.in_features > BLOCK
@@ -68,10 +70,11 @@ class Linear:
             if weight.dtype != torch.bfloat16 or group != native.GROUP:
                 raise ValueError(f"int4 weights run in bfloat16 with groups of {native.GROUP}, not {weight.dtype}")
             native.library()  # builds the kernels now, or says why it cannot
-            levels, self.scales = quantize_int4(weight, weight.dtype, group)
-            self.qweight = native.pack_int4(levels, self.scales)
+            if packed is None:
+                self.levels, self.scales = quantize_int4(weight, weight.dtype, group)  # levels: until `dequantized` ran
+                packed = native.pack_int4(self.levels, self.scales)
+            self.qweight = packed
             self.native = native.linear_struct(self.qweight, bias, self.out_features)
-            self.levels = levels  # kept until `dequantized` has run (see FastEngine)
         elif quant != "none":
             raise ValueError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
 
@@ -105,6 +108,6 @@ class Linear:
             n = self.weight.numel() * self.weight.element_size()
         elif self.quant == "int8":
             n = self.qweight.numel() + self.scales.numel() * self.scales.element_size()
-        else:
-            n = self.out_features * self.in_features // 2 + self.scales.numel() * self.scales.element_size()
+        else:  # the packed blocks, padded to whole blocks of output features as decode.c reads them
+            n = sum(t.numel() * t.element_size() for t in self.qweight)
         return n + (self.bias.numel() * self.bias.element_size() if self.bias is not None else 0)
