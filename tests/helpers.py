@@ -7,9 +7,12 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, OPTConfig, Qwen2Config
+
+from dyncomplete.paths import cpu_has_bf16
 
 
 def stdlib_prompts(n=20, chars=400):
@@ -127,3 +130,12 @@ PRESETS = {
     "page": Preset(SMOL, ("--dtype", "float32", "--methods", f"baseline,{EARLY_EXIT}", "--context-budget", "256",
                           "--cache-mb", "64"), key_file=PAGE_KEY),
 }
+
+
+def rows_may_depend_on_count(request, model) -> None:
+    """An expected failure for identity tests of a bfloat16 model on PyTorch's products where the
+    CPU has no bfloat16 instructions: there the GEMM's rows depend on the row count
+    (models/invariant.py, and `load` warns). The test still runs and is reported."""
+    if model.dtype == torch.bfloat16 and model.quant != "int4" and not cpu_has_bf16():
+        request.applymarker(pytest.mark.xfail(strict=False, reason="no bfloat16 instructions on this CPU: "
+                                              "PyTorch's bfloat16 products depend on the row count"))

@@ -5,11 +5,15 @@ import glob
 
 import pytest
 import torch
+from helpers import rows_may_depend_on_count
 
 from dyncomplete.models.invariant import BLOCK, split_k_linear, split_k_matmul
+from dyncomplete.paths import cpu_has_bf16
 
 
 @pytest.mark.parametrize("width", [1536, 4864])
+@pytest.mark.xfail(not cpu_has_bf16(), strict=False,
+                   reason="no bfloat16 instructions on this CPU: PyTorch's bfloat16 products depend on the row count")
 def test_wide_bfloat16_linear_gives_each_row_the_same_result_at_any_batch_size(width):
     g = torch.Generator().manual_seed(width)
     linear = torch.nn.Linear(width, 576).bfloat16()
@@ -27,8 +31,9 @@ def test_split_matmul_computes_the_product():
 
 
 @pytest.mark.model
-def test_bfloat16_model_gives_a_position_the_same_logits_alone_or_in_a_verification_pass(smollm_bf16):
+def test_bfloat16_model_gives_a_position_the_same_logits_alone_or_in_a_verification_pass(smollm_bf16, request):
     """Over more than BLOCK cached keys, so both the MLP and the attention reductions are split."""
+    rows_may_depend_on_count(request, smollm_bf16)
     model = smollm_bf16
     source = max(glob.glob(torch.__file__.rsplit("/", 1)[0] + "/nn/modules/*.py"), key=lambda p: len(open(p).read()))
     ids = model.tokenizer(open(source).read()).input_ids[:1200]
