@@ -124,6 +124,8 @@ SESSION_DEFAULT = ("model", "method", "row", "n", "p50", "p95", "ttft_p50", "cac
 SPEED_COLUMNS = {  # one `python -m dyncomplete.bench.speed --reference llama-bench` output a row
     "model": Column("model", "model", str, align="---"),
     "quant": Column("weights", "quant", str, align="---"),
+    "dtype": Column("dtype", "dtype", str, align="---"),
+    "cpu_bf16": Column("CPU has bf16 instructions", "cpu_bf16", lambda v: "yes" if v else "no", align="---"),
     "decode": Column("decode tok/s", "decode_tok_s", _fixed(1)),
     "bandwidth": Column("share of copy bandwidth", "bandwidth_share", _pct),
     "llama_decode": Column("llama-bench decode tok/s", lambda r: r["llama_bench"]["decode_tok_s"], _fixed(1)),
@@ -133,7 +135,7 @@ SPEED_COLUMNS = {  # one `python -m dyncomplete.bench.speed --reference llama-be
     "prefill_x": Column("prefill vs llama-bench", lambda r: r["llama_bench"]["prefill_x"], _ratio),
     "load": Column("load s", "load_s", _fixed(1)),
 }
-SPEED_DEFAULT = tuple(SPEED_COLUMNS)
+SPEED_DEFAULT = tuple(c for c in SPEED_COLUMNS if c not in ("dtype", "cpu_bf16"))
 
 
 def _cell(column: Column, row: dict) -> str:

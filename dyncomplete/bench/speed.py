@@ -30,7 +30,7 @@ import torch
 
 from ..models import load
 from ..models.verify_cost import pass_times
-from ..paths import cpu_name
+from ..paths import cpu_has_bf16, cpu_name
 from .bandwidth import machine_bandwidth
 
 PROMPT_FILE = Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py"
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
             for key in ("prefill_tok_s", "decode_tok_s")}
     result["tokens"] = result["tokens"][:16]
     result |= {"model": args.model, "command": shlex.join(["python", "-m", "dyncomplete.bench.speed", *sys.argv[1:]]),
-               "cpu": cpu_name(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+               "cpu": cpu_name(), "cpu_bf16": cpu_has_bf16(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     print(json.dumps(result))
     return 0
 
