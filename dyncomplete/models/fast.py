@@ -115,7 +115,7 @@ class FastEngine:
     """Per-layer computation for a llama/qwen2 decoder (see the module docstring)."""
 
     def __init__(self, decoder: Decoder, quant: str = "none", packed: dict[str, tuple] | None = None):
-        """`packed`: the int4 blocks of every linear by `linear_names` (a snapshot's, `packed.py`),
+        """`packed`: the int4 blocks of every linear by its name in `linears` (a snapshot's, `packed.py`),
         the decoder's weights then being their dequantized values already."""
         if not supports(decoder):
             raise ValueError(f"the fast engine runs llama and qwen2 (static RoPE, SiLU), not {decoder.kind}")

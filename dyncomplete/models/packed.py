@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,12 +120,8 @@ class Snapshot:
         """The model this snapshot holds, its files checked against their digest first."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-        # the tokenizer's files parse (in Python, holding the GIL) while the digest is checked (in
-        # hashlib, without it); it is used only once the check passed
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            tokenizer = pool.submit(AutoTokenizer.from_pretrained, self.folder)
-            check_cached(self.folder, self.name, progress)
-            tokenizer = tokenizer.result()
+        check_cached(self.folder, self.name, progress)
+        tokenizer = AutoTokenizer.from_pretrained(self.folder)
         record = json.loads((self.folder / RECORD).read_text())
         tensors = {}
         for shard in sorted(self.folder.glob("shard-*.pt")):
