@@ -2,7 +2,7 @@
 
 GGUF files are converted once (dequantised by transformers) into a plain safetensors directory
 in the cache. A registered model loaded for the int4 engine is also saved once as that engine
-reads it (`packed.py`), and later loads map that snapshot instead of converting again. Conversions are written to a
+reads it (`packed.py`), and later loads map that snapshot instead. Conversions are written to a
 temporary name and renamed at the end, so an interrupted run leaves nothing half-written. Each
 converted directory carries the SHA-256 of its files, recorded at conversion and checked at
 every load (`integrity.py`), so damaged or altered cached weights are refused, never served.
