@@ -241,8 +241,9 @@ def test_auto_dtype_is_bfloat16_for_int4_kernels_on_a_cpu_without_bfloat16_instr
 
     monkeypatch.setattr(loading, "resolve_dtype", lambda name, device="cpu": torch.float32 if name == "auto" else
                         loading.DTYPES[name])
-    pick = lambda **kw: loading.load_dtype("smollm2-135m", **({"dtype": "auto", "device": "cpu", "quant": "auto",
-                                                               "engine": "auto"} | kw))
+    config = loading.cached_dir("smollm2-135m") / "config.json"
+    pick = lambda **kw: loading.load_dtype(**({"dtype": "auto", "device": "cpu", "quant": "auto", "engine": "auto",
+                                               "config": config} | kw))
     assert pick() == pick(quant="int4") == pick(engine="fast") == torch.bfloat16
     assert pick(quant="none") == pick(quant="int8") == pick(engine="hf") == pick(dtype="float32") == torch.float32
 

@@ -41,28 +41,20 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
     return DTYPES[name]
 
 
-def load_dtype(name: str, dtype: str, device: str, quant: str, engine: str, progress=print) -> torch.dtype:
+def load_dtype(dtype: str, device: str, quant: str, engine: str, config: Path) -> torch.dtype:
     """`resolve_dtype`, but `auto` is bfloat16 also on a CPU without bfloat16 instructions where the
-    int4 kernels will run (llama or qwen2, `--quant auto` or `int4`): decode.c computes in int8
-    and float32 and only stores bfloat16, and its prompts then run there too (`native_prefill`)."""
+    int4 kernels will run (llama or qwen2 by `config`, `--quant auto` or `int4`): decode.c computes
+    in int8 and float32 and only stores bfloat16, and its prompts then run there too
+    (`native_prefill`). A `config` that cannot be read (a hub id's) keeps `resolve_dtype`'s choice."""
     chosen = resolve_dtype(dtype, device)
     int4 = quant == "int4" or quant == "auto"
     if dtype != "auto" or chosen != torch.float32 or device != "cpu" or engine == "hf" or not int4:
         return chosen
-    return torch.bfloat16 if _model_type(name, progress) in fast.FAST_KINDS and native.available() else chosen
-
-
-def _model_type(name: str, progress) -> str | None:
-    """The `model_type` of a model's config, from the converted copy without hashing it where
-    there is one (the load that follows checks it); None for a hub id."""
-    base = tuned_base(name) or name
-    config = cached_dir(base) / "config.json" if base in REGISTRY else None
-    if config is None or not config.is_file():
-        config = Path(resolve(base, progress)[0]) / "config.json"
     try:
-        return json.loads(config.read_text()).get("model_type")
+        model_type = json.loads(config.read_text()).get("model_type")
     except (OSError, ValueError):
-        return None
+        return chosen
+    return torch.bfloat16 if model_type in fast.FAST_KINDS and native.available() else chosen
 
 
 def _quiet_transformers():
@@ -189,13 +181,16 @@ def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, qu
 
     _quiet_transformers()
     base = tuned_base(name)
-    torch_dtype = load_dtype(name, dtype, device, quant, engine, progress)
-    snapshot = Snapshot.for_load(name, torch_dtype, quant, engine, device)
-    if snapshot is not None and snapshot.current():
-        layered = snapshot.load(progress)  # checked against its digest there
-        native.release_thread_pool()
-        return layered
+    converted = cached_dir(base or name) / "config.json" if (base or name) in REGISTRY else None
+    if converted is not None and converted.is_file():  # a snapshot may exist: load it without hashing the copy
+        snapshot = Snapshot.for_load(name, load_dtype(dtype, device, quant, engine, converted), quant, engine, device)
+        if snapshot is not None and snapshot.current():
+            layered = snapshot.load(progress)  # checked against its digest there
+            native.release_thread_pool()
+            return layered
     source, sha = resolve(base or name, progress)  # a converted copy is checked against its digest here
+    torch_dtype = load_dtype(dtype, device, quant, engine, Path(source) / "config.json")
+    snapshot = Snapshot.for_load(name, torch_dtype, quant, engine, device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype).to(device)

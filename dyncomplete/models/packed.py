@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from . import native, weights
+from . import fast, native, weights
 from .integrity import DIGEST_FILE, check_cached, record_digest
 from .layered import LayeredModel
 from .registry import REGISTRY, ModelError, cache_root, cached_dir, sha256_of
@@ -59,7 +59,7 @@ class Snapshot:
         """The snapshot a `load` with these arguments would read or make; None where none applies
         (not int4 in bfloat16 on the fast engine's CPU path, or not a registered model)."""
         base = tuned_base(name) or name
-        int4 = quant == "int4" or (quant == "auto" and native.available())
+        int4 = quant == "int4" or (quant == "auto" and fast.default_quant("fast", torch.device(device), dtype) == "int4")
         if base not in REGISTRY or not int4 or dtype != torch.bfloat16 or engine == "hf" or device != "cpu":
             return None
         return Snapshot(name, cache_root() / "packed" / f"{name}-bfloat16-int4", cached_dir(base))
