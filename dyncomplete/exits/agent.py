@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.native.bindings import ExitNetwork
 from . import artefacts
 from .policies import ExitPolicy
 
@@ -109,3 +110,7 @@ class RLPolicy(ExitPolicy):
 
     def decision_macs(self) -> float:
         return self.net.macs()
+
+    def networks(self, layers):
+        network = ExitNetwork("unit_rms_depth", "tanh", [(lin.weight, lin.bias) for lin in self.net.linears])
+        return {e: network for e in layers}

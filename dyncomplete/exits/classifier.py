@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.native.bindings import ExitNetwork
 from . import artefacts
 from .policies import ExitPolicy
 
@@ -46,6 +47,10 @@ class Classifier(ExitPolicy):
 
     def decision_macs(self):
         return float(self.model.hidden_size * (WIDTH + 1) + WIDTH)
+
+    def networks(self, layers):
+        dense = lambda mlp: [(lin.weight, lin.bias) for lin in mlp if isinstance(lin, torch.nn.Linear)]
+        return {e: ExitNetwork("final_norm", "relu", dense(self.mlps[e])) for e in layers if e in self.mlps}
 
 
 def load_classifier(model, path: Path | None = None) -> dict[int, torch.nn.Module]:

@@ -23,6 +23,8 @@ import importlib
 
 import torch
 
+from ..models.native.bindings import ExitNetwork
+
 # Every policy: name -> "module:class" (imported when used: the trained ones load weights).
 # Adding a policy is one class plus one line here.
 POLICIES: dict[str, str] = {
@@ -62,6 +64,12 @@ class ExitPolicy:
     def decision_macs(self) -> float:
         return 0.0
 
+    def networks(self, layers: list[int]) -> dict[int, ExitNetwork | None] | None:
+        """The policy as decode.c decides it at these exit layers (`native.bindings.Exits`): the
+        layers it may exit at, each with its network (None: exit there without deciding); None
+        where it needs the head's logits or state along a token, and decides in Python."""
+        return None
+
     def reset(self) -> None:
         """Forget per-token state; called before each token's layers run."""
 
@@ -75,6 +83,10 @@ class Static(ExitPolicy):
     @staticmethod
     def fires(score, threshold):
         return score >= threshold
+
+    def networks(self, layers):
+        reached = [e for e in layers if e >= self.threshold]
+        return {reached[0]: None} if reached else {}
 
 
 class Confidence(ExitPolicy):

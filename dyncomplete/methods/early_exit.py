@@ -34,6 +34,8 @@ from ..engine.sampling import choose_token
 from ..exits.heads import ExitHeads, lens_heads, load_heads
 from ..exits.policies import ExitPolicy, make_policy
 from ..exits.shortlist import DEFAULT_SIZE, RequestShortlist, Shortlist
+from ..models.fast import rows_waiting
+from ..models.native.bindings import Exits
 
 PROPAGATE_KINDS = ("llama", "qwen2")
 
@@ -52,6 +54,8 @@ class EarlyExit(DecodingMethod):
         self.exits = {e for e in heads.layers if e >= min_layer}
         if not self.exits:
             raise ValueError(f"no exit layer >= {min_layer} among {heads.layers}")
+        checks = policy.networks(sorted(self.exits))
+        self.native = Exits(checks, policy.threshold) if checks is not None else None
 
     def decode(self, model, prompt_ids, logits, cache, emitter, generator):
         stats = emitter.stats
@@ -81,6 +85,10 @@ class EarlyExit(DecodingMethod):
         the request's shortlist (default: the method's, without the request's tokens).
         Returns (logits, layers run, pending)."""
         policy = policy or self.policy
+        if self.native is not None:
+            done = self._native_step(model, token, position, cache, pending, stats, policy)
+            if done is not None:
+                return done
         if shortlist is None and self.shortlist is not None:
             shortlist = self.shortlist.for_request()
         first = position - len(pending)
@@ -116,6 +124,35 @@ class EarlyExit(DecodingMethod):
                     return logits, j, kept + [(j, h[:, k : k + 1]) for k in range(h.shape[1])]
         stats.head_evals += 1
         return model.head(model.final_norm(h[:, -1:])).float()[0, -1], model.num_layers, []
+
+    def _native_step(self, model, token, position, cache, pending, stats, policy):
+        """`step` with the decisions inside decode.c's layer loop (`LayeredModel.run_exit`): one
+        native call per token, the pending positions joining at their resume layers there; the
+        same layers run as in the Python loop. None where the engine cannot (nothing ran)."""
+        first = position - len(pending)
+        here = model.context(torch.tensor([position]))
+        h = model.embed(torch.tensor([token]), here)
+        ctx = here if not pending else model.context(torch.arange(first, position + 1))
+        if pending:
+            h = torch.cat([row for _, row in pending] + [h], dim=1)
+        resume = [layer for layer, _ in pending] + [0]
+        done = model.run_exit(h, resume, ctx, cache, self.native, self.kv == "propagate")
+        if done is None:
+            return None
+        e, out = done
+        layers = model.num_layers
+        stats.layer_evals += len(resume) * e - sum(rows_waiting(resume, e))
+        checks = sum(1 for c in self.native.layers if c <= e and c < layers)
+        stats.extra_macs += checks * policy.decision_macs()
+        stats.decision_macs += checks * policy.decision_macs()
+        if e == layers:
+            stats.head_evals += 1
+            return model.head(model.final_norm(out[:, -1:])).float()[0, -1], layers, []
+        logits = self._exit_logits(model, e, out[0, -1], stats)
+        if self.kv == "propagate":
+            stats.layer_evals += kv_projection_macs(model) / layer_macs(model) * (layers - e)
+            return logits, e, []
+        return logits, e, [(max(r, e), out[:, k : k + 1]) for k, r in enumerate(resume)]
 
     def _decide(self, model, e, h, stats, policy, shortlist) -> torch.Tensor | None:
         """The exit head's logits where the token exits at layer `e`, else None. The check's

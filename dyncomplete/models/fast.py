@@ -34,6 +34,7 @@ same model; every method prefills the same way, so identity between methods hold
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,13 @@ def default_quant(engine: str, device: torch.device, dtype: torch.dtype) -> str:
     against llama.cpp") and the native kernels build here, otherwise the model's own weights."""
     cpu_bf16 = engine == "fast" and device.type == "cpu" and dtype == torch.bfloat16
     return "int4" if cpu_bf16 and native.available() else "none"
+
+
+def rows_waiting(resume: list[int], layers: int) -> list[int]:
+    """Per layer j < `layers`, how many rows of an early-exit step join after it (resume[r]: the
+    layer row r joins at, never increasing along the rows): the rows layer j does not run."""
+    ascending = resume[::-1]
+    return [len(resume) - bisect.bisect_right(ascending, j) for j in range(layers)]
 
 
 def supports(decoder: Decoder) -> bool:
@@ -312,6 +320,28 @@ class FastEngine:
         for i in layers:
             cache.lengths[i] += q_len
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+    def run_exit(self, hidden: torch.Tensor, resume: list[int], ctx: StepContext, cache: KVCache,
+                 exits: bindings.Exits, propagate: bool) -> tuple[int, torch.Tensor] | None:
+        """`LayeredModel.run_exit` in one call of decode.c, where every layer is native, the rows
+        follow in order, and each layer holds the cache up to the first row that joins it."""
+        if self.native is None or cache is None or ctx.tree_parents is not None:
+            return None
+        step = ctx.state_of(self)
+        rows, first, count = hidden.shape[1], step.positions[0], len(self.layers)
+        if step.positions != list(range(first, first + rows)) or not all(self.native.runs(i) for i in range(count)):
+            return None
+        if any(cache.lengths[j] != first + joined for j, joined in enumerate(rows_waiting(resume, count))):
+            return None
+        keys = [self._cache_room(j, cache, first + rows, hidden) for j in range(count)]
+        exit_layer, out = self.native.forward_exit(hidden, first, resume, exits, self.final_norm_weight, propagate,
+                                                   keys, cache.values, step.cos, step.sin)
+        for j in range(count):
+            if j < exit_layer:
+                cache.lengths[j] = first + rows
+            elif propagate:
+                cache.lengths[j] += 1
+        return exit_layer, out
 
     def _native_room(self, layers: range, hidden: torch.Tensor, ctx: StepContext, step: FastStep,
                      cache: KVCache) -> tuple[int, list[torch.Tensor]] | None:

@@ -100,6 +100,9 @@ class HFEngine:
             k, _ = apply_rotary_pos_emb(k, k, cos, sin)
             cache.update(k, v, i)
 
+    def run_exit(self, hidden, resume, ctx, cache, exits, propagate) -> None:
+        return None  # the decisions run in Python, between layers
+
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         core = self.d.core
         if self.d.kind == "gpt2":

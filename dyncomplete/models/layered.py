@@ -126,6 +126,16 @@ class LayeredModel:
         propagation (CALM, GREEN-CODE) writes for the layers a token skipped. llama/qwen2 layouts."""
         self._engine().project_kv(layers, hidden, ctx, cache)
 
+    def run_exit(self, hidden: torch.Tensor, resume: list[int], ctx: StepContext, cache: KVCache, exits,
+                 propagate: bool) -> tuple[int, torch.Tensor] | None:
+        """One early-exit step with the decisions inside the native layer loop (`exits`: a
+        `native.bindings.Exits`): hidden (1, q, d) at the step's positions, row r still lacking
+        layers resume[r].. (the last row, the new token, all of them). Returns the exit layer and
+        each row's state after the last layer it ran, the cache holding what those layers wrote
+        (`propagate`: keys and values of the skipped layers projected from the exit state); None
+        where the running engine cannot (then nothing ran)."""
+        return self._engine().run_exit(hidden, resume, ctx, cache, exits, propagate)
+
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._engine().final_norm(hidden)
 

@@ -51,6 +51,11 @@ class Engine(Protocol):
 
     def project_kv(self, layers: range, hidden: torch.Tensor, ctx: StepContext, cache: KVCache) -> None: ...
 
+    def run_exit(self, hidden: torch.Tensor, resume: list[int], ctx: StepContext, cache: KVCache, exits,
+                 propagate: bool) -> tuple[int, torch.Tensor] | None:
+        """An early-exit step with its decisions made natively (`LayeredModel.run_exit`), or None
+        where this engine cannot."""
+
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
     def head(self, normed: torch.Tensor) -> torch.Tensor: ...

@@ -50,6 +50,26 @@ class Dims(ctypes.Structure):
                 ("scale", ctypes.c_float)]
 
 
+class Dense(ctypes.Structure):
+    _fields_ = [("weight", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("out", ctypes.c_int), ("in_", ctypes.c_int)]
+
+
+MAX_DENSE = 4  # dense layers of an exit network (decode.c's MAX_DENSE)
+MAX_WIDTH = 4096  # widest features or dense layer of one (decode.c's MAX_WIDTH)
+FEATURES = {"final_norm": 0, "unit_rms_depth": 1}  # what an exit network reads (decode.c's FEATURES_*)
+ACTIVATIONS = {"relu": 0, "tanh": 1}
+
+
+class ExitNet(ctypes.Structure):
+    _fields_ = [("features", ctypes.c_int), ("activation", ctypes.c_int), ("n", ctypes.c_int),
+                ("dense", Dense * MAX_DENSE)]
+
+
+class ExitPlan(ctypes.Structure):
+    _fields_ = [("checks", ctypes.c_int), ("layers", ctypes.c_void_p), ("nets", ctypes.c_void_p),
+                ("threshold", ctypes.c_float), ("final_norm", ctypes.c_void_p)]
+
+
 def _compile(target: Path, flags: list[str]) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
@@ -86,6 +106,11 @@ def compile_library(target: Path, flags: list[str] = FLAGS) -> ctypes.CDLL:
     lib.layers_forward.restype = None
     lib.layers_project_kv.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.layers_project_kv.restype = None
+    lib.layers_forward_exit.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, i32, i32, ptr, ctypes.POINTER(ExitPlan),
+                                        i32, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.layers_forward_exit.restype = i32
+    lib.exit_probability.argtypes = [ctypes.POINTER(Dims), ctypes.POINTER(ExitNet), ptr, ptr, i32, i32]
+    lib.exit_probability.restype = ctypes.c_float
     lib.linear_workspace_floats.argtypes, lib.linear_workspace_floats.restype = [i32, i32, i32], ctypes.c_long
     lib.linear_bf16.argtypes = [ctypes.POINTER(Linear), ptr, i32, ptr, ptr]
     lib.linear_bf16.restype = None

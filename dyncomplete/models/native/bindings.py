@@ -1,13 +1,14 @@
-"""The calls into decode.c: one int4 product, and a run of whole layers (or their keys and
-values alone) for short queries."""
+"""The calls into decode.c: one int4 product, a run of whole layers (or their keys and values
+alone) for short queries, and an early-exit step with its decisions inside the layer loop."""
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
 
-from . import Dims, Layer, Linear, library
+from . import ACTIVATIONS, FEATURES, MAX_DENSE, MAX_WIDTH, Dense, Dims, ExitNet, ExitPlan, Layer, Linear, library
 
 
 def linear(weights: Linear, rows: torch.Tensor) -> torch.Tensor:
@@ -18,6 +19,59 @@ def linear(weights: Linear, rows: torch.Tensor) -> torch.Tensor:
     work = torch.empty(lib.linear_workspace_floats(weights.in_, weights.out, n))
     lib.linear_bf16(ctypes.byref(weights), rows.data_ptr(), n, out.data_ptr(), work.data_ptr())
     return out
+
+
+@dataclass
+class ExitNetwork:
+    """A hidden-state exit policy's network at one check layer, as decode.c runs it: `features`
+    (a key of native.FEATURES) of the hidden state, then `linears` ((weight (out, in), bias)
+    float32 pairs) with `activation` between them; the last gives one logit (P(exit) its sigmoid)
+    or two, (continue, exit) (P(exit) their softmax's second)."""
+
+    features: str
+    activation: str
+    linears: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class Exits:
+    """decode.c's exit decisions for one policy at one threshold: the check layers, each with its
+    network (None: the check exits without deciding, as `static` does); exit when P > threshold.
+    Holds the float32 copies the struct points into."""
+
+    def __init__(self, checks: dict[int, ExitNetwork | None], threshold: float):
+        self.layers = sorted(checks)
+        self.kept: list[torch.Tensor] = []
+        nets = (ExitNet * max(1, len(self.layers)))()
+        for k, e in enumerate(self.layers):
+            if checks[e] is not None:
+                nets[k] = self._net(checks[e])
+        self.layer_table = (ctypes.c_int * max(1, len(self.layers)))(*self.layers)
+        self.nets = nets
+        self.struct = ExitPlan(len(self.layers), ctypes.addressof(self.layer_table), ctypes.addressof(nets),
+                               threshold, None)
+
+    def probability(self, dims: Dims, e: int, hidden: torch.Tensor, final_norm: torch.Tensor, layers: int) -> float:
+        """P(exit) decode.c's check at exit layer e (one of `self.layers`, with a network) gives
+        hidden (d,) bf16."""
+        hidden = hidden.contiguous()  # kept alive through the call
+        net = ctypes.byref(self.nets[self.layers.index(e)])
+        return library().exit_probability(ctypes.byref(dims), net, final_norm.data_ptr(), hidden.data_ptr(), e, layers)
+
+    def _net(self, network: ExitNetwork) -> ExitNet:
+        if not 1 <= len(network.linears) <= MAX_DENSE:
+            raise ValueError(f"an exit network has 1 to {MAX_DENSE} dense layers, not {len(network.linears)}")
+        if network.linears[-1][0].shape[0] not in (1, 2):
+            raise ValueError("an exit network ends in one logit or two (continue, exit)")
+        dense = []
+        for weight, bias in network.linears:
+            weight, bias = weight.detach().float().contiguous(), bias.detach().float().contiguous()
+            if max(weight.shape) > MAX_WIDTH:
+                raise ValueError(f"an exit network's widths are at most {MAX_WIDTH}, not {tuple(weight.shape)}")
+            self.kept += [weight, bias]
+            dense.append(Dense(weight.data_ptr(), bias.data_ptr(), weight.shape[0], weight.shape[1]))
+        dense += [Dense()] * (MAX_DENSE - len(dense))
+        return ExitNet(FEATURES[network.features], ACTIVATIONS[network.activation], len(network.linears),
+                       (Dense * MAX_DENSE)(*dense))
 
 
 class Layers:
@@ -67,3 +121,24 @@ class Layers:
         library().layers_project_kv(
             ctypes.byref(self.dims), first, n, hidden.data_ptr(), q_len, start, key_ptrs, value_ptrs, capacities,
             cos.data_ptr(), sin.data_ptr(), self.workspace.data_ptr())
+
+    def forward_exit(self, hidden: torch.Tensor, first: int, resume: list[int], exits: Exits, final_norm: torch.Tensor,
+                     propagate: bool, keys: list[torch.Tensor], values: list[torch.Tensor], cos: torch.Tensor,
+                     sin: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """One early-exit step over all layers (decode.c's `layers_forward_exit`): hidden (1, q, d),
+        rows in cache slots first, first + 1, ..., row r joining at layer resume[r] (the last row, the
+        new token, at 0); keys and values of every layer. Returns the exit layer (the layer count
+        where the token went through) and each row's state after the last layer it ran."""
+        first_layer, n, key_ptrs, value_ptrs, capacities = self._args(range(len(self.layers)), keys, values)
+        rows = hidden.shape[1]
+        out = hidden.contiguous().clone()  # decode.c works on it in place
+        workspace = self.workspace
+        needed = library().workspace_floats(ctypes.byref(self.dims), rows)
+        if workspace.numel() < needed:  # more exited positions to catch up than a verification pass has rows
+            workspace = torch.empty(needed)
+        exits.struct.final_norm = final_norm.data_ptr()
+        exit_layer = library().layers_forward_exit(
+            ctypes.byref(self.dims), first_layer, n, out.data_ptr(), rows, first, (ctypes.c_int * rows)(*resume),
+            ctypes.byref(exits.struct), int(propagate), key_ptrs, value_ptrs, capacities, cos.data_ptr(), sin.data_ptr(),
+            workspace.data_ptr())
+        return exit_layer, out

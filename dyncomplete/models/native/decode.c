@@ -559,3 +559,112 @@ void layers_project_kv(const dims_t *dm, const layer_t *const *layers, int n, co
     for (int i = 0; i < n; i++)
         project_qkv(dm, layers[i], hidden, rows, start, keys[i], values[i], capacity[i], cos, sin, h, x, qkv, scratch);
 }
+
+/* -- exit decisions inside the layer loop (early exit) ------------------------------------- */
+
+/* A hidden-state exit policy's network at one check layer: features of the token's hidden state,
+ * dense layers with an activation between them, and P(exit) from the last one's output (one
+ * logit: its sigmoid; two, (continue, exit): the softmax's second). n == 0: the check exits
+ * without deciding (`static`). Float32 weights (out, in) row-major, as PyTorch holds them. */
+#define MAX_DENSE 4
+#define MAX_WIDTH 4096 /* features and dense widths a check's scratch holds */
+enum { FEATURES_FINAL_NORM, FEATURES_UNIT_RMS_DEPTH };
+enum { ACTIVATION_RELU, ACTIVATION_TANH };
+
+typedef struct {
+    const float *weight, *bias;
+    int out, in;
+} dense_t;
+
+typedef struct {
+    int features;   /* FEATURES_FINAL_NORM: the model's final norm, rounded as the model rounds it
+                       (the ICSE'24 classifier); FEATURES_UNIT_RMS_DEPTH: unit root mean square,
+                       then the depth e / L (the PPO agent) */
+    int activation; /* between dense layers */
+    int n;
+    dense_t dense[MAX_DENSE];
+} exit_net_t;
+
+typedef struct {
+    int checks;
+    const int *layers;      /* ascending: exit layer e is checked after layers 0..e-1 */
+    const exit_net_t *nets; /* one per check */
+    float threshold;        /* a check exits when P(exit) > threshold */
+    const uint16_t *final_norm;
+} exit_plan_t;
+
+static float dot(const float *a, const float *b, int n) {
+    int i = 0;
+    float total = 0.f;
+#ifdef VECTOR_512
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    total = _mm512_reduce_add_ps(acc);
+#endif
+    for (; i < n; i++) total = fmaf(a[i], b[i], total);
+    return total;
+}
+
+/* P(exit) of one hidden state (bf16, dm->hidden) at exit layer e of L. */
+float exit_probability(const dims_t *dm, const exit_net_t *net, const uint16_t *final_norm,
+                              const uint16_t *hidden, int e, int L) {
+    float a[MAX_WIDTH + 1], b[MAX_WIDTH + 1], *x = a, *y = b, ss = 0.f;
+    int n = dm->hidden;
+    for (int i = 0; i < n; i++) {
+        x[i] = bf16_to_f32(hidden[i]);
+        ss = fmaf(x[i], x[i], ss);
+    }
+    if (net->features == FEATURES_FINAL_NORM) {
+        float inv = 1.f / sqrtf(ss / (float)n + dm->eps);
+        for (int i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(x[i] * inv)) * bf16_to_f32(final_norm[i])));
+    } else {
+        float inv = 1.f / sqrtf(ss / (float)n + 1e-6f);
+        for (int i = 0; i < n; i++) x[i] *= inv;
+        x[n++] = (float)e / (float)L;
+    }
+    for (int k = 0; k < net->n; k++) {
+        const dense_t *dl = &net->dense[k];
+        for (int o = 0; o < dl->out; o++) {
+            float v = dot(dl->weight + (size_t)o * dl->in, x, dl->in) + dl->bias[o];
+            if (k + 1 < net->n) v = net->activation == ACTIVATION_RELU ? fmaxf(v, 0.f) : tanhf(v);
+            y[o] = v;
+        }
+        float *t = x;
+        x = y, y = t;
+    }
+    return net->dense[net->n - 1].out == 1 ? 1.f / (1.f + expf(-x[0])) : 1.f / (1.f + expf(x[0] - x[1]));
+}
+
+/* One early-exit step in one call: all L layers for `rows` rows in cache slots first, first + 1,
+ * ..., deciding after the plan's check layers whether the last row (the new token) exits there.
+ * The rows before it are positions that exited earlier and still lack layers resume[r]..L-1
+ * (kv=catchup; resume never increases along rows, the last row's is 0): row r joins at layer
+ * resume[r], with hidden[r] its state there, so that every layer runs once for the suffix of rows
+ * it lacks, as `layers_forward` would run it. Keys, values and capacity: all L layers'.
+ * hidden (rows, hidden) bf16, in place: each row's state after the last layer it ran.
+ * propagate (one row only): the layers the token skips get keys and values projected from its
+ * exit state (`layers_project_kv`). Returns the exit layer, L where the token went through. */
+int layers_forward_exit(const dims_t *dm, const layer_t *const *layers, int L, uint16_t *hidden, int rows, int first,
+                        const int *resume, const exit_plan_t *plan, int propagate, uint16_t *const *keys,
+                        uint16_t *const *values, const int *capacity, const uint16_t *cos, const uint16_t *sin,
+                        float *ws) {
+    int Hd = dm->hidden, d = dm->head_dim, a = rows - 1, c = 0;
+    uint16_t *last = hidden + (size_t)(rows - 1) * Hd;
+    for (int j = 0; j < L; j++) {
+        while (a > 0 && resume[a - 1] <= j) a--;
+        uint16_t *h = hidden + (size_t)a * Hd;
+        layer_forward(dm, layers[j], h, h, rows - a, first + a, NULL, keys[j], values[j], capacity[j],
+                      cos + (size_t)a * d, sin + (size_t)a * d, ws);
+        int e = j + 1;
+        while (c < plan->checks && plan->layers[c] < e) c++;
+        if (e == L || c == plan->checks || plan->layers[c] != e) continue;
+        const exit_net_t *net = &plan->nets[c];
+        if (net->n == 0 || exit_probability(dm, net, plan->final_norm, last, e, L) > plan->threshold) {
+            if (propagate)
+                layers_project_kv(dm, layers + e, L - e, last, 1, first + rows - 1, keys + e, values + e, capacity + e,
+                                  cos + (size_t)(rows - 1) * d, sin + (size_t)(rows - 1) * d, ws);
+            return e;
+        }
+    }
+    return L;
+}
