@@ -123,6 +123,11 @@ def test_bad_names_are_refused(smollm):
     with pytest.raises(ValueError, match="no exit layer"):
         make_method("early-exit:confidence@0.5/min=29", smollm)
     assert make_method("early-exit:confidence@0.5/min=24", smollm).exits == {24, 26, 28}
+    with pytest.raises(ValueError, match="without an exit head: \\[25\\]"):
+        make_method("early-exit:confidence@0.5/at=24.25", smollm)
+    with pytest.raises(ValueError, match="dots between them"):
+        make_method("early-exit:confidence@0.5/at=24-26", smollm)
+    assert make_method("early-exit:classifier@0.5/at=20.26", smollm).exits == {20, 26}
 
 
 def test_shortlist_decisions_are_confirmed_by_the_full_head_and_cost_less(smollm):

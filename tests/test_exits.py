@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from dyncomplete.training.calibrate import calibrate, layer_signals, simulate
+from dyncomplete.training.calibrate import calibrate, calibrate_checks, layer_signals, simulate
 from dyncomplete.exits.classifier import Classifier, load_classifier
 from dyncomplete.training.collect import code_chunks, collect
 from dyncomplete.exits.heads import default_path, lens_heads, load_heads
@@ -106,6 +106,29 @@ def test_simulate_and_calibrate_on_known_signals(smollm):
     signals.agree, signals.scores = agree, {"confidence": score}
     best = calibrate(lens_heads(smollm, layers), signals, "confidence", 1.0)
     assert best["agreement"] == 1.0 and best["layers_per_token"] == 22.5
+    assert r["checks_per_token"] == (1 + 2 + 2 + 2) / 4 and r["cost_per_token"] == r["layers_per_token"]
+
+
+@pytest.mark.model
+def test_calibration_picks_the_check_layers_that_cost_least(smollm):
+    """Layer 10 is right for the first two tokens and says so; 15 is never sure; 20 is right for
+    the third. The best pair checks 10 and 20; a costly check tips the choice to layer 10 alone
+    among the sets of one."""
+    layers = [10, 15, 20]
+    agree = torch.tensor([[True, True, False, False], [False, False, False, False], [True, True, True, False]])
+    score = torch.tensor([[0.9, 0.9, 0.1, 0.1], [0.1, 0.1, 0.1, 0.1], [0.9, 0.9, 0.9, 0.1]])
+
+    class Signals:
+        pass
+
+    signals = Signals()
+    signals.agree, signals.scores = agree, {"confidence": score}
+    heads = lens_heads(smollm, layers)
+    pair = calibrate_checks(heads, signals, "confidence", 1.0, sizes=[2])
+    assert pair["layers"] == [10, 20] and pair["layers_per_token"] == (10 + 10 + 20 + 30) / 4
+    assert pair["method"].startswith("early-exit:confidence/at=10.20@")
+    costly = calibrate_checks(heads, signals, "confidence", 1.0, sizes=[1, 2], check_cost=10.0)
+    assert costly["layers"] == [10] and costly["cost_per_token"] == (10 + 10 + 30 + 30) / 4 + 10.0
 
 
 @pytest.mark.model

@@ -17,6 +17,7 @@ from dyncomplete.serve.request import ApiError, parse_completion
     ("early-exit:confidence@0.9/lens/kv=propagate", "early-exit", ("confidence",), {"lens": "", "kv": "propagate"}, 0.9),
     ("early-exit:confidence/lens@0.9", "early-exit", ("confidence",), {"lens": ""}, 0.9),
     ("early-exit:margin@0.5/min=24", "early-exit", ("margin",), {"min": "24"}, 0.5),
+    ("early-exit:classifier/at=18.22@0.9", "early-exit", ("classifier",), {"at": "18.22"}, 0.9),
     ("early-exit:margin/heads=runs/q/h.safetensors/kv=propagate@0.5", "early-exit", ("margin",),
      {"heads": "runs/q/h.safetensors", "kv": "propagate"}, 0.5),
     ("hf-generate:assisted:qwen2.5-coder-0.5b", "hf-generate", ("assisted:qwen2.5-coder-0.5b",), {}, None),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..exits.policies import POLICIES, policy_class
+from ..exits.policies import POLICIES, ExitPolicy, make_policy, policy_class
 from ..exits.shortlist import DEFAULT_SIZE
 from ._common import add_model_options, load_from_args
 
@@ -14,7 +14,8 @@ from ._common import add_model_options, load_from_args
 def run(args) -> int:
     from ..exits.heads import lens_heads, load_heads
     from ..exits.shortlist import Shortlist
-    from ..training.calibrate import calibrate, layer_signals
+    from ..energy.work import layer_macs
+    from ..training.calibrate import calibrate, calibrate_checks, layer_signals
     from ..training.collect import cached_collect
 
     model = load_from_args(args)
@@ -30,9 +31,17 @@ def run(args) -> int:
         shortlisted = policy_class(name).needs_logits
         results[name] = {t: calibrate(heads, signals, name, t, suffix=suffix if shortlisted else "")
                          for t in args.target}
-        for t, r in results[name].items():
-            print(f"{r['method']:<40} target {t:.3f}: agreement {r['agreement']:.3f}, "
-                  f"{r['layers_per_token']:.2f} layers/token, {100 * r['exit_share']:.0f}% exit")
+        if args.checks and policy_class(name).reset is ExitPolicy.reset:  # no state along a token's checks
+            policy = make_policy(name, 0.5, model, heads)
+            work = policy.decision_macs() + (heads.map_macs() + args.short * model.hidden_size if shortlisted else 0)
+            sizes = range(int(args.checks.split("-")[0]), int(args.checks.split("-")[-1]) + 1)
+            results[name + " checks"] = {t: calibrate_checks(heads, signals, name, t, sizes, work / layer_macs(model))
+                                         for t in args.target}
+    for name, by_target in results.items():
+        for t, r in by_target.items():
+            print(f"{r['method']:<48} target {t:.3f}: agreement {r['agreement']:.3f}, "
+                  f"{r['layers_per_token']:.2f} layers/token, {r['checks_per_token']:.2f} checks, "
+                  f"{100 * r['exit_share']:.0f}% exit")
     agreement = {e: round(float(a), 4) for e, a in zip(heads.layers, signals.agree.float().mean(1))}
     record = {"model": model.name, "heads": heads.kind, "tokens": len(data), "per_layer_agreement": agreement,
               "policies": results}
@@ -51,6 +60,9 @@ def register(sub) -> None:
     p.add_argument("--lens", action="store_true", help="calibrate plain logit-lens heads on the same layers")
     p.add_argument("--short", type=int, default=DEFAULT_SIZE,
                    help="shortlist rows the logit policies decide on, as `early-exit:.../short=N` (0: full head)")
+    p.add_argument("--checks", default=None, metavar="N-M",
+                   help="also pick, per policy and target, the best set of N to M check layers (`/at=`), each check "
+                        "counted as its multiply-accumulates in layers (for example 2-4)")
     p.add_argument("--tokens", type=int, default=2000, help="calib-split tokens")
     p.add_argument("--out", default=None, help="write thresholds and curves as JSON")
     p.set_defaults(run=run)

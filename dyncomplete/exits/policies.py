@@ -20,10 +20,12 @@ per check, beyond any head evaluation.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..models.native.bindings import ExitNetwork
+if TYPE_CHECKING:  # the commands read POLICIES without importing the models
+    from ..models.native.bindings import ExitNetwork
 
 # Every policy: name -> "module:class" (imported when used: the trained ones load weights).
 # Adding a policy is one class plus one line here.

@@ -6,6 +6,8 @@ grammar is `methods.registry.parse_method`'s):
   `lens`            plain logit-lens heads on the shipped heads' layers (default: shipped heads)
   `heads=PATH`      translator heads from a file
   `min=N`           check only exit layers >= N (each check of a logit policy costs one LM head)
+  `at=A.B...`       check only exit layers A, B, ... (dots between them; `calibrate --checks`
+                    picks such a set)
   `short=N`         logit policies decide on a shortlist head: N frequent rows plus the request's
                     own tokens (`exits/shortlist.py`; default 4096, 0: the full head at every
                     check); an exit it allows is confirmed with the full head, which also gives
@@ -44,14 +46,17 @@ class EarlyExit(DecodingMethod):
     name = "early-exit"
 
     def __init__(self, heads: ExitHeads, policy: ExitPolicy, kv: str = "catchup", min_layer: int = 1,
-                 shortlist: Shortlist | None = None):
+                 shortlist: Shortlist | None = None, at: set[int] | None = None):
         if kv not in ("catchup", "propagate"):
             raise ValueError(f"kv must be catchup or propagate, got {kv!r}")
         if kv == "propagate" and heads.model.kind not in PROPAGATE_KINDS:
             raise ValueError(f"kv=propagate supports {', '.join(PROPAGATE_KINDS)}, not {heads.model.kind}")
         self.heads, self.policy, self.kv = heads, policy, kv
         self.shortlist = shortlist if policy.needs_logits else None
-        self.exits = {e for e in heads.layers if e >= min_layer}
+        if at is not None and not at <= set(heads.layers):
+            raise ValueError(f"at= names layers without an exit head: {sorted(at - set(heads.layers))} "
+                             f"(the heads' layers are {heads.layers})")
+        self.exits = {e for e in heads.layers if e >= min_layer and (at is None or e in at)}
         if not self.exits:
             raise ValueError(f"no exit layer >= {min_layer} among {heads.layers}")
         checks = policy.networks(sorted(self.exits))
@@ -217,6 +222,10 @@ def build(name, model) -> EarlyExit:
         short = int(name.options.get("short", DEFAULT_SIZE))
     except ValueError:
         raise ValueError(f"short takes a number of rows, got {name.options['short']!r}") from None
+    try:
+        at = {int(e) for e in name.options["at"].split(".")} if "at" in name.options else None
+    except ValueError:
+        raise ValueError(f"at takes exit layers with dots between them (at=18.22), got {name.options['at']!r}") from None
     policy = make_policy(policy, name.threshold, model, heads)
     shortlist = Shortlist(model, short) if short and policy.needs_logits else None
-    return EarlyExit(heads, policy, name.options.get("kv", "catchup"), min_layer, shortlist)
+    return EarlyExit(heads, policy, name.options.get("kv", "catchup"), min_layer, shortlist, at)

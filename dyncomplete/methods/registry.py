@@ -28,7 +28,8 @@ class Family:
     wrappable: bool = True  # decodes through DecodingMethod.generate, so a wrapper can wrap it
 
 
-_EARLY_EXIT_OPTIONS = {"lens": "flag", "heads": "path", "kv": "value", "min": "value", "short": "value"}
+_EARLY_EXIT_OPTIONS = {"lens": "flag", "heads": "path", "kv": "value", "min": "value", "at": "value",
+                       "short": "value"}
 
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("baseline", "dyncomplete.methods.baseline"),

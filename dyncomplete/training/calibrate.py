@@ -9,6 +9,7 @@ teacher-forced simulation is what decoding does on the same text.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -61,16 +62,20 @@ def layer_signals(heads: ExitHeads, data: Collected, policies: list[str], batch:
 
 
 def simulate(layers, agree: torch.Tensor, score: torch.Tensor, threshold: float, num_layers: int,
-             fires=ExitPolicy.fires) -> dict:
+             fires=ExitPolicy.fires, check_cost: float = 0.0) -> dict:
     """Exit at the first layer whose score fires at the threshold; tokens that never fire run all
-    layers. Returns agreement with the full model, mean layers per token and the exit share."""
+    layers. Returns agreement with the full model, mean layers and checks per token, the exit
+    share, and the cost per token in layers: layers run plus `check_cost` layers a check."""
     fired = fires(score, threshold)
     any_fire = fired.any(0)
     first = fired.float().argmax(0)
     depth = torch.where(any_fire, torch.tensor(layers)[first], torch.tensor(num_layers))
+    checks = torch.where(any_fire, first + 1, torch.tensor(len(layers))).float().mean()
     ok = torch.where(any_fire, agree.gather(0, first[None])[0], torch.ones_like(any_fire))
-    return {"threshold": threshold, "agreement": float(ok.float().mean()),
-            "layers_per_token": float(depth.float().mean()), "exit_share": float(any_fire.float().mean())}
+    layers_per_token = float(depth.float().mean())
+    return {"threshold": threshold, "agreement": float(ok.float().mean()), "layers_per_token": layers_per_token,
+            "checks_per_token": float(checks), "cost_per_token": layers_per_token + check_cost * float(checks),
+            "exit_share": float(any_fire.float().mean())}
 
 
 def never_fires(fires, score: torch.Tensor) -> float:
@@ -82,17 +87,34 @@ def never_fires(fires, score: torch.Tensor) -> float:
 
 
 def calibrate(heads: ExitHeads, signals: LayerSignals, policy: str, target: float, points: int = 200,
-              suffix: str = "") -> dict:
-    """The threshold with the fewest layers per token whose agreement stays >= target, and the
-    curve it was picked from (thresholds at quantiles of the finite scores, and one that never
-    fires). `suffix`: method options the signals were computed for (`/short=0`)."""
-    score, fires = signals.scores[policy], policy_class(policy).fires
+              suffix: str = "", layers: list[int] | None = None, check_cost: float = 0.0) -> dict:
+    """The threshold with the lowest cost per token (layers, plus `check_cost` layers a check)
+    whose agreement stays >= target, and the curve it was picked from (thresholds at quantiles of
+    the finite scores, and one that never fires). `suffix`: method options the signals were
+    computed for (`/short=0`); `layers`: check only these of the heads' layers (`/at=`)."""
+    layers = layers or heads.layers
+    rows = [heads.layers.index(e) for e in layers]
+    score, fires = signals.scores[policy][rows], policy_class(policy).fires
     finite = score[score.isfinite()]
     grid = torch.quantile(finite[torch.randperm(finite.numel())[:100000]].float(), torch.linspace(0, 1, points))
     grid = grid.unique().tolist() + [never_fires(fires, finite)]
     num_layers = heads.model.num_layers
-    curve = [simulate(heads.layers, signals.agree, score, t, num_layers, fires) for t in grid]
+    curve = [simulate(layers, signals.agree[rows], score, t, num_layers, fires, check_cost) for t in grid]
     ok = [c for c in curve if c["agreement"] >= target]
-    best = min(ok, key=lambda c: (c["layers_per_token"], -c["agreement"]))
-    return {"policy": policy, "target": target, **best,
-            "method": f"early-exit:{policy}{suffix}@{best['threshold']:.6g}", "curve": curve}
+    best = min(ok, key=lambda c: (c["cost_per_token"], -c["agreement"]))
+    at = "" if layers == heads.layers else "/at=" + ".".join(map(str, layers))
+    return {"policy": policy, "target": target, "layers": layers, **best,
+            "method": f"early-exit:{policy}{suffix}{at}@{best['threshold']:.6g}", "curve": curve}
+
+
+def calibrate_checks(heads: ExitHeads, signals: LayerSignals, policy: str, target: float, sizes=(2, 3, 4),
+                     check_cost: float = 0.0, points: int = 50) -> dict:
+    """`calibrate` over every set of `sizes` check layers among the heads' layers the policy scores:
+    the set and threshold with the lowest cost per token at `target` agreement (SkipDecode and
+    SWIFT fix their layer sets too, instead of checking every layer). For policies whose score at
+    a layer does not depend on the other checks (not `saturation`)."""
+    scored = [e for e, row in zip(heads.layers, signals.scores[policy]) if row.isfinite().any()]
+    results = (calibrate(heads, signals, policy, target, points, layers=list(layers), check_cost=check_cost)
+               for size in sizes for layers in itertools.combinations(scored, size))
+    best = min(results, key=lambda r: (r["cost_per_token"], -r["agreement"]))
+    return {k: v for k, v in best.items() if k != "curve"}
