@@ -138,3 +138,12 @@ def test_an_exit_decided_natively_counts_its_checks(int4):
     assert native.stats.decision_macs == python.stats.decision_macs == 5 * method.policy.decision_macs()
     assert native.stats.layer_evals == pytest.approx(python.stats.layer_evals)
     assert native.token_ids == python.token_ids
+
+
+def test_the_check_cost_benchmark_times_a_check_and_a_layer(monkeypatch):
+    from dyncomplete.bench import exit_cost
+
+    monkeypatch.setattr(exit_cost, "CALLS", 20)
+    r = exit_cost.measure("smollm2-135m", "classifier", runs=1)
+    assert r["check_bytes"] == 4 * (576 * 64 + 64 + 64 + 1)  # the classifier's float32 weights and biases
+    assert 0 < r["check_us"] and 0 < r["layer_us"] and r["layer_bytes"] > 10 * r["check_bytes"]
