@@ -90,7 +90,7 @@ class EarlyExit(DecodingMethod):
         the request's shortlist (default: the method's, without the request's tokens).
         Returns (logits, layers run, pending)."""
         policy = policy or self.policy
-        if self.native is not None:
+        if self.native is not None and type(policy) is type(self.policy):  # the method's policy or a request's copy
             done = self._native_step(model, token, position, cache, pending, stats, policy)
             if done is not None:
                 return done

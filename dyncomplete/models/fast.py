@@ -327,6 +327,8 @@ class FastEngine:
         follow in order, and each layer holds the cache up to the first row that joins it."""
         if self.native is None or cache is None or ctx.tree_parents is not None:
             return None
+        if propagate and hidden.shape[1] > 1:  # propagation leaves no exited positions: its steps have one row
+            return None
         step = ctx.state_of(self)
         rows, first, count = hidden.shape[1], step.positions[0], len(self.layers)
         if step.positions != list(range(first, first + rows)) or not all(self.native.runs(i) for i in range(count)):
