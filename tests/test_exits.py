@@ -155,3 +155,14 @@ def test_classifier_trains_saves_and_decides(smollm, tiny_data, tmp_path):
     assert policy.decide(26, h[0], None) == (float(s[0]) > 0.5)
     assert not Classifier(1.0, smollm, loaded).decide(26, h[0], None)
     assert policy.decision_macs() < 0.05 * sum(p.numel() for p in smollm.layers[0].parameters())
+
+
+def test_check_counts_parse_and_refuse_in_one_line():
+    import argparse
+
+    from dyncomplete.commands.calibrate import check_counts
+
+    assert check_counts("2-4") == range(2, 5) and check_counts("3") == range(3, 4)
+    for bad in ("4-2", "0-2", "two"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            check_counts(bad)

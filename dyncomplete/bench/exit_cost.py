@@ -42,7 +42,8 @@ def measure(model_name: str, policy: str, runs: int) -> dict:
     exits = make_method(f"early-exit:{policy}@0.5", model).native
     if exits is None:
         raise SystemExit(f"{policy} decides in Python, not in decode.c")
-    e = next(e for e in exits.layers if exits.nets[exits.layers.index(e)].n)
+    k = next(k for k, e in enumerate(exits.layers) if exits.nets[k].n)  # a check with a network
+    e, net = exits.layers[k], exits.nets[k]
     hidden = torch.randn(model.hidden_size).to(model.dtype)
     check = per_call_us(lambda: exits.probability(engine.native.dims, e, hidden, engine.final_norm_weight,
                                                   model.num_layers), runs)
@@ -56,10 +57,8 @@ def measure(model_name: str, policy: str, runs: int) -> dict:
         cache.lengths[0] = CACHE  # the same position again
 
     layer = per_call_us(one_layer, runs)
-    net = exits.nets[exits.layers.index(e)]
-    net_bytes = sum(4 * (net.dense[k].out * net.dense[k].in_ + net.dense[k].out) for k in range(net.n))
-    fast_layer = engine.layers[0]
-    layer_bytes = sum(lin.weight_bytes() for lin in (fast_layer.qkv, fast_layer.o, fast_layer.gate_up, fast_layer.down))
+    net_bytes = sum(4 * (dense.out * dense.in_ + dense.out) for dense in net.dense[: net.n])
+    layer_bytes = engine.layers[0].weight_bytes()
     return {"model": model_name, "policy": policy, "check_us": round(check, 1), "layer_us": round(layer, 1),
             "check_bytes": net_bytes, "layer_bytes": layer_bytes, "calls": CALLS, "runs": runs,
             "threads": torch.get_num_threads()}

@@ -3,6 +3,7 @@ full model on the calib split."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -34,8 +35,7 @@ def run(args) -> int:
         if args.checks and policy_class(name).reset is ExitPolicy.reset:  # no state along a token's checks
             policy = make_policy(name, 0.5, model, heads)
             work = policy.decision_macs() + (heads.map_macs() + args.short * model.hidden_size if shortlisted else 0)
-            sizes = range(int(args.checks.split("-")[0]), int(args.checks.split("-")[-1]) + 1)
-            results[name + " checks"] = {t: calibrate_checks(heads, signals, name, t, sizes, work / layer_macs(model))
+            results[name + " checks"] = {t: calibrate_checks(heads, signals, name, t, args.checks, work / layer_macs(model))
                                          for t in args.target}
     for name, by_target in results.items():
         for t, r in by_target.items():
@@ -51,6 +51,18 @@ def run(args) -> int:
     return 0
 
 
+def check_counts(text: str) -> range:
+    """`--checks N-M` (or `N`): the sizes of check-layer sets to try."""
+    low, _, high = text.partition("-")
+    try:
+        sizes = range(int(low), int(high or low) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N-M, for example 2-4, got {text!r}") from None
+    if not sizes or sizes.start < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 <= N <= M, got {text!r}")
+    return sizes
+
+
 def register(sub) -> None:
     p = sub.add_parser("calibrate", help="choose exit thresholds for a target agreement (calib split)")
     add_model_options(p)
@@ -60,7 +72,7 @@ def register(sub) -> None:
     p.add_argument("--lens", action="store_true", help="calibrate plain logit-lens heads on the same layers")
     p.add_argument("--short", type=int, default=DEFAULT_SIZE,
                    help="shortlist rows the logit policies decide on, as `early-exit:.../short=N` (0: full head)")
-    p.add_argument("--checks", default=None, metavar="N-M",
+    p.add_argument("--checks", type=check_counts, default=None, metavar="N-M",
                    help="also pick, per policy and target, the best set of N to M check layers (`/at=`), each check "
                         "counted as its multiply-accumulates in layers (for example 2-4)")
     p.add_argument("--tokens", type=int, default=2000, help="calib-split tokens")

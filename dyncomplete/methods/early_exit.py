@@ -127,8 +127,13 @@ class EarlyExit(DecodingMethod):
                         return logits, j, []
                     kept = pending[: start - first]
                     return logits, j, kept + [(j, h[:, k : k + 1]) for k in range(h.shape[1])]
+        return self._full_logits(model, h, stats), model.num_layers, []
+
+    @staticmethod
+    def _full_logits(model, h, stats) -> torch.Tensor:
+        """The last row's logits after every layer."""
         stats.head_evals += 1
-        return model.head(model.final_norm(h[:, -1:])).float()[0, -1], model.num_layers, []
+        return model.head(model.final_norm(h[:, -1:])).float()[0, -1]
 
     def _native_step(self, model, token, position, cache, pending, stats, policy):
         """`step` with the decisions inside decode.c's layer loop (`LayeredModel.run_exit`): one
@@ -151,11 +156,10 @@ class EarlyExit(DecodingMethod):
         stats.extra_macs += checks * policy.decision_macs()
         stats.decision_macs += checks * policy.decision_macs()
         if e == layers:
-            stats.head_evals += 1
-            return model.head(model.final_norm(out[:, -1:])).float()[0, -1], layers, []
+            return self._full_logits(model, out, stats), layers, []
         logits = self._exit_logits(model, e, out[0, -1], stats)
         if self.kv == "propagate":
-            stats.layer_evals += kv_projection_macs(model) / layer_macs(model) * (layers - e)
+            stats.layer_evals += propagated_evals(model, layers - e)
             return logits, e, []
         return logits, e, [(max(r, e), out[:, k : k + 1]) for k, r in enumerate(resume)]
 
@@ -195,9 +199,14 @@ class EarlyExit(DecodingMethod):
         return model.head(normed).float()
 
     def _propagate(self, model, layers, h, ctx, cache, stats):
-        share = kv_projection_macs(model) / layer_macs(model)
         model.project_kv(layers, h, ctx, cache)
-        stats.layer_evals += share * len(layers)
+        stats.layer_evals += propagated_evals(model, len(layers))
+
+
+def propagated_evals(model, layers: int) -> float:
+    """Layer evaluations `layers` propagated layers count: the share of a layer their key and
+    value projections cost, each."""
+    return kv_projection_macs(model) / layer_macs(model) * layers
 
 
 def kv_projection_macs(model) -> float:

@@ -89,6 +89,10 @@ class FastLayer:
         self.qkv, self.o, self.gate_up, self.down = qkv, o, gate_up, down
         self.attn_module = attn_module
 
+    def weight_bytes(self) -> int:
+        """Bytes of the layer's linear weights, in the format the engine reads them."""
+        return sum(lin.weight_bytes() for lin in (self.qkv, self.o, self.gate_up, self.down))
+
 
 @dataclass
 class FastStep:
@@ -331,7 +335,7 @@ class FastEngine:
             return None
         step = ctx.state_of(self)
         rows, first, count = hidden.shape[1], step.positions[0], len(self.layers)
-        if step.positions != list(range(first, first + rows)) or not all(self.native.runs(i) for i in range(count)):
+        if step.positions != list(range(first, first + rows)) or not self.native.all_native:
             return None
         if any(cache.lengths[j] != first + joined for j, joined in enumerate(rows_waiting(resume, count))):
             return None
@@ -433,6 +437,6 @@ class FastEngine:
         and one embedding row."""
         total = self.lm_head.weight_bytes() + self.final_norm_weight.numel() * self.final_norm_weight.element_size()
         for layer in self.layers:
-            total += sum(lin.weight_bytes() for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            total += layer.weight_bytes()
             total += 2 * layer.in_norm.numel() * layer.in_norm.element_size()
         return total + self.embedding.shape[1] * self.embedding.element_size()

@@ -80,7 +80,8 @@ class Layers:
     which must outlive this object."""
 
     def __init__(self, dims: Dims, layers: list[Layer | None], max_rows: int):
-        self.dims, self.layers = dims, layers
+        self.dims, self.layers, self.max_rows = dims, layers, max_rows
+        self.all_native = all(layer is not None for layer in layers)
         self.workspace = torch.empty(library().workspace_floats(ctypes.byref(dims), max_rows))
         self.table = (ctypes.c_void_p * len(layers))(*[ctypes.addressof(l) if l else None for l in layers])
 
@@ -133,9 +134,8 @@ class Layers:
         rows = hidden.shape[1]
         out = hidden.contiguous().clone()  # decode.c works on it in place
         workspace = self.workspace
-        needed = library().workspace_floats(ctypes.byref(self.dims), rows)
-        if workspace.numel() < needed:  # more exited positions to catch up than a verification pass has rows
-            workspace = torch.empty(needed)
+        if rows > self.max_rows:  # more exited positions to catch up than a verification pass has rows
+            workspace = torch.empty(library().workspace_floats(ctypes.byref(self.dims), rows))
         exits.struct.final_norm = final_norm.data_ptr()
         exit_layer = library().layers_forward_exit(
             ctypes.byref(self.dims), first_layer, n, out.data_ptr(), rows, first, (ctypes.c_int * rows)(*resume),

@@ -606,8 +606,8 @@ static float dot(const float *a, const float *b, int n) {
 }
 
 /* P(exit) of one hidden state (bf16, dm->hidden) at exit layer e of L. */
-float exit_probability(const dims_t *dm, const exit_net_t *net, const uint16_t *final_norm,
-                              const uint16_t *hidden, int e, int L) {
+float exit_probability(const dims_t *dm, const exit_net_t *net, const uint16_t *final_norm, const uint16_t *hidden,
+                       int e, int L) {
     float a[MAX_WIDTH + 1], b[MAX_WIDTH + 1], *x = a, *y = b, ss = 0.f;
     int n = dm->hidden;
     for (int i = 0; i < n; i++) {
@@ -616,7 +616,8 @@ float exit_probability(const dims_t *dm, const exit_net_t *net, const uint16_t *
     }
     if (net->features == FEATURES_FINAL_NORM) {
         float inv = 1.f / sqrtf(ss / (float)n + dm->eps);
-        for (int i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(x[i] * inv)) * bf16_to_f32(final_norm[i])));
+        for (int i = 0; i < n; i++) /* rounded to bf16, then times the weight rounded again: the model's order */
+            x[i] = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(x[i] * inv)) * bf16_to_f32(final_norm[i])));
     } else {
         float inv = 1.f / sqrtf(ss / (float)n + 1e-6f);
         for (int i = 0; i < n; i++) x[i] *= inv;
