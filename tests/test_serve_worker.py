@@ -106,7 +106,7 @@ def test_cancelled_in_queue_and_bad_method(worker):
 def test_queue_bound_and_supersede(worker):
     hold = job(n=200, client="c")
     worker.submit(hold)
-    while worker.current is not hold:
+    while not worker.running(hold):
         time.sleep(0.01)
     newer = job(n=2, client="c")
     worker.submit(newer)  # the same client: the running generation is superseded
@@ -117,6 +117,6 @@ def test_queue_bound_and_supersede(worker):
             worker.submit(job(n=1))
             accepted += 1
     assert accepted <= 3 + 1  # the queue's bound (plus one the worker may have taken meanwhile)
-    while worker.current is not None or worker.status()["queued"]:
+    while worker.status()["busy"] or worker.status()["queued"]:
         time.sleep(0.05)
     assert worker.status()["stopped_superseded"] >= 1

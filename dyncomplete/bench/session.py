@@ -25,8 +25,10 @@ prefix cache on) shows what drafting from the client's earlier completions is wo
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -465,6 +467,70 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
             if progress:
                 progress(i + 1, len(cursors))
     return results
+
+
+def server_counters(http: httpx.Client, url: str) -> dict | None:
+    """dyncomplete's /health counters that a replay's rows show (None from another server)."""
+    try:
+        health = http.get(f"{url}/health").json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(health, dict) or "prefix_cache" not in health:
+        return None
+    batching = health["worker"].get("batching", {})
+    return {"hits": health["prefix_cache"]["hits"], "lookups": health["prefix_cache"]["lookups"],
+            "batch_sizes": {int(k): v for k, v in batching.get("batch_sizes", {}).items()}}
+
+
+def served_columns(before: dict | None, after: dict | None, requests: int, wall_s: float) -> dict:
+    """Completions the server answered per second of the replay, and over the replay, where the
+    server reports them, its prefix-cache hits per lookup and the median sequences per batched call."""
+    out = {"completions_per_s": requests / wall_s, "server_requests": requests, "wall_s": wall_s,
+           "prefix_cache_hit_share": None, "batch_p50": None, "batch_sizes": None}
+    if before is None or after is None:
+        return out
+    lookups = after["lookups"] - before["lookups"]
+    out["prefix_cache_hit_share"] = (after["hits"] - before["hits"]) / lookups if lookups else None
+    sizes = {k: n - before["batch_sizes"].get(k, 0) for k, n in after["batch_sizes"].items()}
+    sizes = {k: n for k, n in sorted(sizes.items()) if n}
+    if sizes:
+        out["batch_sizes"] = sizes
+        out["batch_p50"] = float(np.median(np.repeat(list(sizes), list(sizes.values()))))
+    return out
+
+
+def replay_editors(url: str, model: str, client: str, cursors: list[Cursor], n_predict: int,
+                   headers: dict | None = None, editors: int = 1, progress=None) -> tuple[list[dict], dict]:
+    """`editors` editors typing at once (`replay_editor` each, in its own thread), each its own
+    files (round-robin over the cursors' files in order) and its own X-Client-Id. Returns the
+    results, editor by editor, and `served_columns` (its requests: every pause the server answered,
+    background and warm-up requests included)."""
+    files = list(dict.fromkeys(c.file for c in cursors))
+    if not 1 <= editors <= len(files):
+        raise ValueError(f"--concurrent {editors} needs 1 to {len(files)} editors: one file at least each")
+    groups = [[c for c in cursors if files.index(c.file) % editors == k] for k in range(editors)]
+    done, lock = [0], threading.Lock()
+
+    def tick(_done, _total):
+        with lock:
+            done[0] += 1
+            if progress:
+                progress(done[0], len(cursors))
+
+    def editor(k: int) -> list[dict]:
+        own = (headers or {}) | ({"X-Client-Id": f"editor-{k}"} if editors > 1 else {})
+        return replay_editor(url, model, client, groups[k], n_predict, own, tick)
+
+    with httpx.Client(headers=headers or {}, timeout=60) as http:
+        before = server_counters(http, url)
+        started = time.perf_counter()
+        with ThreadPoolExecutor(editors) as pool:
+            results = [r for rs in pool.map(editor, range(editors)) for r in rs]
+        wall = time.perf_counter() - started
+        after = server_counters(http, url)
+    requests = editors + sum(not r.get("from_cache", False) for r in results) + \
+        sum(r.get("background_requests", 0) for r in results)
+    return results, served_columns(before, after, requests, wall)
 
 
 def client_cache_columns(results: list[dict]) -> dict:

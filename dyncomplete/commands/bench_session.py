@@ -26,6 +26,8 @@ LINE_COLUMNS = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"), 
                 ("drafts taken", "accepted_per_drafted", "{:.0%}"), ("accepted", "accepted_share", "{:.1%}"),
                 ("ES", "es", "{:.1f}")]
 EDITOR_COLUMNS = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
+                  ("completions/s", "completions_per_s", "{:.2f}"), ("batch p50", "batch_p50", "{:.0f}"),
+                  ("cache hits", "prefix_cache_hit_share", "{:.0%}"),
                   ("from cache", "from_client_cache", "{:.0%}"), ("p50 asked", "p50_asked_ms", "{:.0f}"),
                   ("background ms", "background_ms", "{:.0f}"),
                   ("prompt tok evaluated", "prompt_tokens_evaluated", "{:.0f}"),
@@ -125,7 +127,7 @@ SERVER_ROWS = {"dyncomplete": dyncomplete_rows, "llama-server": llama_server_row
 
 def editor_report(args, sources: list[Path]) -> dict:
     """The editor replay, one row per server started (in turn, each stopped before the next)."""
-    from ..bench.session import CLIENTS, cursors_of, replay_editor, summarise_editor
+    from ..bench.session import CLIENTS, cursors_of, replay_editors, summarise_editor
 
     if args.client == "continue" and "llama-server" in args.server:
         raise ValueError("--client continue posts Ollama's /api/generate, which llama-server does not serve")
@@ -140,10 +142,12 @@ def editor_report(args, sources: list[Path]) -> dict:
     texts = {}  # row -> its completions, to compare each row's with the first row's
 
     def go(name, url, headers):
-        results = replay_editor(url, args.model, args.client, cursors, args.n_predict, headers, progress)
+        results, served = replay_editors(url, args.model, args.client, cursors, args.n_predict, headers,
+                                         args.concurrent)
         texts[name] = [r["text"] for r in results]
         first = next(iter(texts.values()))
-        return summarise_editor(results) | {"same_as_first_row": sum(a == b for a, b in zip(texts[name], first)) / len(first)}
+        return summarise_editor(results) | served | {
+            "same_as_first_row": sum(a == b for a, b in zip(texts[name], first)) / len(first)}
 
     if args.url:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -155,7 +159,7 @@ def editor_report(args, sources: list[Path]) -> dict:
             with start() as (url, _):
                 rows[name] = go(name, url, {})
     return {"model": args.model, "method": args.method, "client": args.client, "pattern": args.pattern,
-            "route": CLIENTS[args.client].route, "n_predict": args.n_predict,
+            "route": CLIENTS[args.client].route, "n_predict": args.n_predict, "editors": args.concurrent,
             "files": sorted({c.file for c in cursors}), "pauses": len(cursors), "rows": rows}
 
 
@@ -213,6 +217,9 @@ def register(sub) -> None:
                         "server first, as an editor does, and use its memory of them; adds a no-context row")
     p.add_argument("--ngram-cache-row", action="store_true",
                    help="--client line: add a row without the server's cross-request n-gram cache")
+    p.add_argument("--concurrent", type=int, default=1, metavar="K",
+                   help="editors typing at once, each its own files (round-robin over --source/--files, which "
+                        "must give at least K) and its own X-Client-Id; adds throughput and the server's batching")
     p.add_argument("--url", help="use this running server instead of starting one")
     p.add_argument("--api-key", help="with --url: the server's API key")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -54,7 +54,7 @@ def run(args) -> int:
         print(f"dyncomplete: warning: listening on {args.host} without an API key", file=sys.stderr)
     settings = Settings(default_method=args.method, methods=methods, check_host=loopback,
                         limits=Limits(max_connections=args.max_connections), api_key=api_key,
-                        queue_size=args.queue_size, request_timeout_s=args.timeout,
+                        queue_size=args.queue_size, parallel=args.parallel, request_timeout_s=args.timeout,
                         max_tokens_limit=args.max_tokens_limit, context_budget=args.context_budget,
                         suffix_budget=args.suffix_budget, cursor_line=args.cursor_line,
                         cache_bytes=int(args.cache_mb * 2**20), cache_reuse=args.cache_reuse,
@@ -93,6 +93,9 @@ def register(sub) -> None:
     p.add_argument("--api-key", default=None,
                    help="the key on the command line (visible in the process list; or set DYNCOMPLETE_API_KEY)")
     p.add_argument("--queue-size", type=positive(int), default=16, help="requests waiting beyond this get 503")
+    p.add_argument("--parallel", "-np", type=positive(int), default=1, metavar="N",
+                   help="requests generated at once (llama-server's -np): past 1, baseline's decode steps and "
+                        "prompt chunks of all running requests go through the model in one batched call")
     p.add_argument("--timeout", type=positive(float), default=60.0,
                    help="seconds a request may take, queue and tokenising included")
     p.add_argument("--max-tokens-limit", type=positive(int), default=1024, help="largest max_tokens accepted")

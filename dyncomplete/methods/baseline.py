@@ -12,6 +12,7 @@ class Baseline(DecodingMethod):
     """Every layer for every token: the quality and speed reference."""
 
     name = "baseline"
+    batchable = True
 
     def decode(self, model, prompt_ids, logits, cache, emitter, generator):
         position = len(prompt_ids)

@@ -349,6 +349,34 @@ class FastEngine:
                 cache.lengths[j] += 1
         return exit_layer, out
 
+    def batchable(self, cache: KVCache | None, start: int, q_len: int) -> bool:
+        """Whether `run_batch` takes a chain of q_len tokens at `start` that follows `cache`'s
+        contents, in chunks of at most SHORT_QUERY tokens: every layer native, a longer chain only
+        where `native_prefill` runs prompts in such chunks too, the cache as long in every layer."""
+        if self.native is None or cache is None or not self.native.all_native:
+            return False
+        if q_len > SHORT_QUERY and not self.native_prefill:
+            return False
+        return all(length == start for length in cache.lengths)
+
+    def run_batch(self, steps: list[tuple[torch.Tensor, StepContext, KVCache]]) -> list[torch.Tensor]:
+        """Every layer for several sequences' chains (hidden (1, q, d), their context, their cache;
+        each `batchable`, of at most SHORT_QUERY tokens) in one call of decode.c; each output is
+        the bits its step alone gives."""
+        segments, cos, sin = [], [], []
+        for hidden, ctx, cache in steps:
+            step, q_len = ctx.state_of(self), hidden.shape[1]
+            start = step.positions[0]
+            keys = [self._cache_room(i, cache, start + q_len, hidden) for i in range(len(self.layers))]
+            segments.append((q_len, start, keys, cache.values))
+            cos.append(step.cos)
+            sin.append(step.sin)
+        hidden = torch.cat([h for h, _, _ in steps], dim=1)
+        out = self.native.forward_batch(hidden, segments, torch.cat(cos), torch.cat(sin))
+        for hidden, _, cache in steps:
+            cache.lengths = [length + hidden.shape[1] for length in cache.lengths]
+        return list(out.split([h.shape[1] for h, _, _ in steps], dim=1))
+
     def _native_room(self, layers: range, hidden: torch.Tensor, ctx: StepContext, step: FastStep,
                      cache: KVCache) -> tuple[int, list[torch.Tensor]] | None:
         """Where decode.c can take `layers` (consecutive, to the last at most) for this step in

@@ -103,6 +103,12 @@ class HFEngine:
     def run_exit(self, hidden, resume, ctx, cache, exits, propagate) -> None:
         return None  # the decisions run in Python, between layers
 
+    def batchable(self, cache, start, q_len) -> bool:
+        return False  # sequences run one at a time: Hugging Face's attention takes one cache
+
+    def run_batch(self, steps):
+        raise ValueError("the hf engine runs one sequence at a time")
+
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         core = self.d.core
         if self.d.kind == "gpt2":

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import fast
-from .attention import use_short_query_attention
+from .attention import SHORT_QUERY, use_short_query_attention
 from .decoder import decoder_of
 from .hf import HFEngine
 from .invariant import make_batch_invariant
@@ -143,6 +143,30 @@ class LayeredModel:
         if self.head_tap is not None:
             self.head_tap(normed)
         return self._engine().head(normed)
+
+    def batchable(self, cache: KVCache | None, start: int, q_len: int) -> bool:
+        """Whether `forward_batch` takes q_len new tokens at `start` after `cache`'s contents."""
+        return self._engine().batchable(cache, start, q_len)
+
+    @torch.inference_mode()
+    def forward_batch(self, steps: list[tuple[list[int], KVCache, int, bool]]) -> list[torch.Tensor | None]:
+        """`forward` for several sequences at once (continuous batching): each step is (new token
+        ids, its cache, their first position, whether it wants logits), `batchable`. Returns each
+        step's last-position logits (None where unwanted), the bits `forward` gives it alone."""
+        engine = self._engine()
+        runs = []
+        for ids, cache, start, _ in steps:
+            ctx = self.context(torch.arange(start, start + len(ids)))
+            runs.append((self.embed(torch.tensor(ids), ctx), ctx, cache))
+        outs = engine.run_batch(runs)
+        wanted = [k for k, step in enumerate(steps) if step[3]]
+        logits: list[torch.Tensor | None] = [None] * len(steps)
+        for a in range(0, len(wanted), SHORT_QUERY):  # heads of at most SHORT_QUERY rows: the quantized kernel's
+            rows = wanted[a : a + SHORT_QUERY]
+            last = torch.cat([outs[k][:, -1:] for k in rows], dim=1)
+            for k, row in zip(rows, self.head(self.final_norm(last)).float()[0]):
+                logits[k] = row
+        return logits
 
     @torch.inference_mode()
     def forward(

@@ -56,6 +56,12 @@ class Engine(Protocol):
         """An early-exit step with its decisions made natively (`LayeredModel.run_exit`), or None
         where this engine cannot."""
 
+    def batchable(self, cache: KVCache | None, start: int, q_len: int) -> bool:
+        """Whether `run_batch` can take this chain (`LayeredModel.forward_batch`)."""
+
+    def run_batch(self, steps: list[tuple[torch.Tensor, StepContext, KVCache]]) -> list[torch.Tensor]:
+        """Every layer for several sequences' chains at once, each output the bits it gets alone."""
+
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
     def head(self, normed: torch.Tensor) -> torch.Tensor: ...

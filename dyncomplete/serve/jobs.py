@@ -21,14 +21,21 @@ def client_scope(request: Request, client_id: str | None) -> str | None:
     return f"{sender(request)}|{client_id}" if client_id else None
 
 
+def editor_of(request: Request) -> str:
+    """Whose memories a request reads and adds to: its sender, and within it the editor its
+    X-Client-Id header names (editors behind one proxy, with one key, are told apart so)."""
+    editor = request.headers.get("x-client-id")
+    return f"{sender(request)}|{editor}" if editor else sender(request)
+
+
 def memory_of(server: Server, request: Request, req: CompletionRequest) -> str | None:
-    """The key of the sender's memory of files when the server and the request use it."""
-    return sender(request) if server.client_files is not None and req.client_memory else None
+    """The key of the editor's memory of files when the server and the request use it."""
+    return editor_of(request) if server.client_files is not None and req.client_memory else None
 
 
 def history_of(server: Server, request: Request, req: CompletionRequest) -> str | None:
-    """The key of the sender's earlier completions when the server and the request use them."""
-    return sender(request) if server.client_history is not None and req.ngram_cache else None
+    """The key of the editor's earlier completions when the server and the request use them."""
+    return editor_of(request) if server.client_history is not None and req.ngram_cache else None
 
 
 def job_for(server: Server, request: Request, req: CompletionRequest, emit: Callable[[tuple], None]) -> Job:

@@ -30,6 +30,7 @@ class Settings:
     limits: Limits = Limits()
     api_key: str | None = None
     queue_size: int = 16
+    parallel: int = 1  # requests generated at once; past 1, baseline's steps are batched (serve/batching.py)
     request_timeout_s: float = 60.0
     max_tokens_limit: int = 1024
     context_budget: int = DEFAULT_CONTEXT_BUDGET
@@ -52,7 +53,8 @@ class Server:
         self.client_history = ClientHistory() if settings.ngram_cache else None
         self.methods = list(dict.fromkeys((settings.default_method, *settings.methods)))
         self.worker = Worker(model, self.methods, settings.queue_size, settings.context_budget, self.prefix_cache,
-                             self.client_files, self.client_history, settings.suffix_budget, settings.cursor_line)
+                             self.client_files, self.client_history, settings.suffix_budget, settings.cursor_line,
+                             settings.parallel)
         self.method_families = families()
 
 

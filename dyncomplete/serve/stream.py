@@ -59,7 +59,7 @@ class Stream:
             try:
                 return await asyncio.wait_for(self._events.get(), POLL_S)
             except asyncio.TimeoutError:
-                if job.cancelled() and job.reason == "timeout" and self.worker.current is not job and not job.finished:
+                if job.cancelled() and job.reason == "timeout" and not self.worker.running(job) and not job.finished:
                     return "error", ApiError(503, f"no answer within {self.timeout_s:g} s (queued too long)",
                                              code="timeout", kind="server_error")
 

@@ -1,7 +1,9 @@
-"""The model worker: one thread runs every generation, fed by a bounded queue.
+"""The model worker: slot threads run the generations, fed by a bounded queue.
 
-Torch on a small CPU gains nothing from two generations at once, and the model and tokenizer
-are not safe to share across threads, so one thread owns them. Requests beyond the queue's bound
+With one slot (the default) one thread runs every generation. With `parallel` slots, up to that
+many requests run at once, and one model thread runs all their model passes
+(`batching.ModelThread`): the steps of batchable methods together, in one native call, and any
+other method's request whole, alone. Requests beyond the queue's bound
 are refused at once (the caller answers 503) instead of piling up. A job ends early when its
 client disconnects, when a newer request of the same client supersedes it, or at its deadline:
 each sets the flag that `generate` polls after every token, and the deadline is checked again
@@ -25,7 +27,9 @@ from ..energy import open_meter
 from ..engine import GenerationParams, build_prompt
 from ..engine.repo_context import RepoContext
 from ..methods import make_method
+from ..models import native
 from .client_files import ClientFiles
+from .batching import BatchedModel, ModelThread
 from .client_history import ClientHistory
 from .prefix_cache import PrefixCache
 from .report import stats_object
@@ -34,7 +38,7 @@ from .request import ApiError
 log = logging.getLogger("dyncomplete.serve")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)  # a job is itself: the worker keeps the running ones in a set
 class Job:
     """One request for the model thread, built by keyword (`jobs.job_for` from a parsed request)."""
 
@@ -89,8 +93,12 @@ def build_methods(names: Sequence[str], model) -> dict[str, object]:
 class Worker:
     def __init__(self, model, methods: Sequence[str], queue_size: int, context_budget: int,
                  prefix_cache: PrefixCache, client_files: ClientFiles | None = None,
-                 client_history: ClientHistory | None = None, suffix_budget: int = 0, cursor_line: str = "middle"):
-        """`methods`: the names requests may pick, all built here; `cursor_line`: see prompts.CURSOR_LINES."""
+                 client_history: ClientHistory | None = None, suffix_budget: int = 0, cursor_line: str = "middle",
+                 parallel: int = 1):
+        """`methods`: the names requests may pick, all built here; `cursor_line`: see prompts.CURSOR_LINES;
+        `parallel`: requests generated at once (continuous batching past 1)."""
+        if parallel < 1:
+            raise ValueError(f"parallel needs at least 1 slot, got {parallel}")
         self.model = model
         self.context_budget, self.suffix_budget, self.cursor_line = context_budget, suffix_budget, cursor_line
         self.prefix_cache = prefix_cache
@@ -102,20 +110,35 @@ class Worker:
         self._latest: dict[str, Job] = {}  # client id -> its newest job
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
-        self.current: Job | None = None
-        self._thread = threading.Thread(target=self._loop, name="dyncomplete-model", daemon=True)
+        self._running: set[Job] = set()
+        self.model_thread = ModelThread(model) if parallel > 1 else None
+        self._slots = [threading.Thread(target=self._loop, args=(slot,), name=f"dyncomplete-slot-{slot}", daemon=True)
+                       for slot in range(parallel)]
 
     def start(self) -> None:
-        self._thread.start()
+        if self.model_thread is not None:
+            self.model_thread.start()
+        for thread in self._slots:
+            thread.start()
 
     def stop(self) -> None:
-        if self.current is not None:
-            self.current.cancel("shutdown")
-        try:
-            self._queue.put_nowait(None)
-        except queue.Full:
-            pass
-        self._thread.join(timeout=10)
+        with self._lock:
+            running = list(self._running)
+        for job in running:
+            job.cancel("shutdown")
+        for _ in self._slots:
+            try:
+                self._queue.put_nowait(None)
+            except queue.Full:
+                break
+        for thread in self._slots:
+            thread.join(timeout=10)
+        if self.model_thread is not None:
+            self.model_thread.stop()
+
+    def running(self, job: Job) -> bool:
+        with self._lock:
+            return job in self._running
 
     def submit(self, job: Job) -> None:
         """Queue a job, superseding the same client's older one; Busy when the queue is full."""
@@ -138,18 +161,23 @@ class Worker:
     def status(self) -> dict:
         with self._lock:
             counts = dict(self.counts)
-        return {"queued": self._queue.qsize(), "queue_size": self._queue.maxsize, "busy": self.current is not None,
-                **counts}
+            running = len(self._running)
+        batching = {"batching": self.model_thread.status()} if self.model_thread is not None else {}
+        return {"queued": self._queue.qsize(), "queue_size": self._queue.maxsize, "busy": running > 0,
+                "running": running, "slots": len(self._slots), **batching, **counts}
 
     # -- the thread ------------------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _loop(self, slot: int) -> None:
+        if self.model_thread is not None and native.available():
+            native.keep_thread_serial()  # the model thread runs the model; this thread's tensor work is small
         while (job := self._queue.get()) is not None:
-            self.current = job
+            with self._lock:
+                self._running.add(job)
             try:
                 if job.cancelled():
                     raise _Skipped
-                job.emit(("done", self._run(job)))
+                job.emit(("done", self._run(job, slot)))
             except _Skipped:
                 self._count(f"skipped_{job.reason}")
                 job.emit(("error", ApiError(503 if job.reason == "timeout" else 409,
@@ -168,8 +196,8 @@ class Worker:
                                             code="internal_error", kind="server_error")))
             finally:
                 job.finished = True
-                self.current = None
                 with self._lock:
+                    self._running.discard(job)
                     if job.client_id and self._latest.get(job.client_id) is job:
                         del self._latest[job.client_id]
 
@@ -183,7 +211,24 @@ class Worker:
                            f"{', '.join(self._methods)}", "method", "method_not_allowed")
         return self._methods[name]
 
-    def _run(self, job: Job) -> dict:
+    def _generate(self, method, ids: list[int], params: GenerationParams, cache, job: Job, slot: int):
+        """`method.generate` in this slot: on the model as it is with one slot; else its passes in
+        the model thread's batches, or the whole request alone on the model thread."""
+        def run(model):
+            return method.generate(model, ids, params, cache=cache, on_text=lambda t: job.emit(("text", t)),
+                                   cancelled=job.cancelled)
+
+        if self.model_thread is None:
+            return run(self.model)
+        if not method.batchable:
+            return self.model_thread.run_alone(lambda: run(self.model))
+        self.model_thread.join(slot)
+        try:
+            return run(BatchedModel(self.model, self.model_thread, slot))
+        finally:
+            self.model_thread.leave(slot)
+
+    def _run(self, job: Job, slot: int) -> dict:
         started = time.perf_counter()
         method = self._method(job.method)
         budget = min(job.budget or self.context_budget, self.context_budget)
@@ -203,8 +248,7 @@ class Worker:
             history = self.client_history
             params = dataclasses.replace(params, history=history.tokens(job.history))
         with self.meter.measure() as energy:
-            result = method.generate(self.model, prompt.ids, params, cache=cache,
-                                     on_text=lambda t: job.emit(("text", t)), cancelled=job.cancelled)
+            result = self._generate(method, prompt.ids, params, cache, job, slot)
         if history is not None:
             history.add(job.history, result.token_ids)
         if job.use_cache:  # what was prefilled: token healing may have dropped the last prompt token

@@ -56,6 +56,7 @@ class Dense(ctypes.Structure):
 
 MAX_DENSE = 4  # dense layers of an exit network (decode.c's MAX_DENSE)
 MAX_WIDTH = 4096  # widest features or dense layer of one (decode.c's MAX_WIDTH)
+MAX_SEGMENTS = 256  # sequences in one batched call (decode.c's MAX_SEGMENTS)
 FEATURES = {"final_norm": 0, "unit_rms_depth": 1}  # what an exit network reads (decode.c's FEATURES_*)
 ACTIVATIONS = {"relu": 0, "tanh": 1}
 
@@ -104,6 +105,9 @@ def compile_library(target: Path, flags: list[str] = FLAGS) -> ctypes.CDLL:
     lib.workspace_floats.argtypes, lib.workspace_floats.restype = [ctypes.POINTER(Dims), i32], ctypes.c_long
     lib.layers_forward.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.layers_forward.restype = None
+    lib.layers_forward_batch.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr,
+                                         ptr, ptr]
+    lib.layers_forward_batch.restype = None
     lib.layers_project_kv.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.layers_project_kv.restype = None
     lib.layers_forward_exit.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, i32, i32, ptr, ctypes.POINTER(ExitPlan),
@@ -115,6 +119,7 @@ def compile_library(target: Path, flags: list[str] = FLAGS) -> ctypes.CDLL:
     lib.linear_bf16.argtypes = [ctypes.POINTER(Linear), ptr, i32, ptr, ptr]
     lib.linear_bf16.restype = None
     lib.omp_pause_resource_all.argtypes, lib.omp_pause_resource_all.restype = [i32], i32  # from OpenMP's runtime
+    lib.omp_set_num_threads.argtypes, lib.omp_set_num_threads.restype = [i32], None
     return lib
 
 
@@ -136,6 +141,15 @@ def release_thread_pool() -> None:
     never loaded."""
     if library.cache_info().currsize:
         library().omp_pause_resource_all(1)  # omp_pause_soft
+
+
+def keep_thread_serial() -> None:
+    """Run the calling thread's OpenMP regions on that thread alone (PyTorch's too: the process
+    has one OpenMP runtime, PyTorch's libgomp). A server's slot threads do small tensor work
+    beside the model thread; their own pools of threads would count against the CPU count as
+    `release_thread_pool` explains, and batched decode steps ran at a third of their speed."""
+    torch.get_num_threads()  # PyTorch sets a thread's OpenMP count at its first call: before ours
+    library().omp_set_num_threads(1)
 
 
 def available() -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import ACTIVATIONS, FEATURES, MAX_DENSE, MAX_WIDTH, Dense, Dims, ExitNet, ExitPlan, Layer, Linear, library
+from . import ACTIVATIONS, FEATURES, MAX_DENSE, MAX_SEGMENTS, MAX_WIDTH, Dense, Dims, ExitNet, ExitPlan, Layer, Linear, library
 
 
 def linear(weights: Linear, rows: torch.Tensor) -> torch.Tensor:
@@ -111,6 +111,33 @@ class Layers:
         library().layers_forward(
             ctypes.byref(self.dims), first, n, hidden.data_ptr(), out.data_ptr(), q_len, start, tree, key_ptrs,
             value_ptrs, capacities, cos.data_ptr(), sin.data_ptr(), self.workspace.data_ptr())
+        return out
+
+    def forward_batch(self, hidden: torch.Tensor, segments: list[tuple[int, int, list[torch.Tensor], list[torch.Tensor]]],
+                      cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Every layer for the rows of several sequences at once (continuous batching): hidden
+        (1, q, d) holds each segment's rows in order, a segment being (rows, start, every layer's key
+        buffers, every layer's value buffers) of one sequence's cache; `cos`/`sin` (q, head_dim).
+        Writes each segment's keys and values in its own cache; returns the last layer's output."""
+        count, n = len(self.layers), len(segments)
+        if not 1 <= n <= MAX_SEGMENTS:
+            raise ValueError(f"a batched call takes 1 to {MAX_SEGMENTS} sequences, not {n}")
+        keys = [k for _, _, ks, _ in segments for k in ks]
+        values = [v for _, _, _, vs in segments for v in vs]
+        q_len = hidden.shape[1]
+        if q_len > self.max_rows:  # batches are larger than a verification pass: the scratch grows once
+            self.max_rows = q_len
+            self.workspace = torch.empty(library().workspace_floats(ctypes.byref(self.dims), q_len))
+        hidden = hidden.contiguous()  # kept alive through the call
+        out = torch.empty_like(hidden)
+        library().layers_forward_batch(
+            ctypes.byref(self.dims), ctypes.addressof(self.table), count, hidden.data_ptr(), out.data_ptr(), n,
+            (ctypes.c_int * n)(*[rows for rows, _, _, _ in segments]),
+            (ctypes.c_int * n)(*[start for _, start, _, _ in segments]),
+            (ctypes.c_void_p * len(keys))(*[k.data_ptr() for k in keys]),
+            (ctypes.c_void_p * len(values))(*[v.data_ptr() for v in values]),
+            (ctypes.c_int * len(keys))(*[k.shape[-1] for k in keys]), cos.data_ptr(), sin.data_ptr(),
+            self.workspace.data_ptr())
         return out
 
     def project_kv(self, layers: range, hidden: torch.Tensor, start: int, keys: list[torch.Tensor],

@@ -476,46 +476,59 @@ long workspace_floats(const dims_t *dm, int rows) {
     return rows * (2L * dm->hidden + qkv + 2 * hd + 3L * dm->intermediate + INPUT_SCRATCH(widest));
 }
 
-/* One decoder layer for `rows` new tokens in cache slots start, start + 1, ...: hidden (rows, hidden)
- * bf16 in, out (rows, hidden) bf16; writes the rows' keys and values in those slots; parent: the
- * rows' tree (see attention; NULL for a chain); cos/sin: the rotary rows of the tokens' positions
- * (rows, head_dim) bf16 (a chain's are start, start + 1, ...; a tree's, start + depth). */
+/* One sequence's rows in a layer call: `rows` new tokens in cache slots start, start + 1, ... of
+ * its own cache (keys (kv_heads, head_dim, capacity), values (kv_heads, capacity, head_dim) bf16);
+ * parent: the rows' tree (see attention; NULL for a chain). */
+typedef struct {
+    int rows, start;
+    const int *parent;
+    uint16_t *keys, *values;
+    int capacity;
+} segment_t;
+
 /* The first half of a layer: hidden (rows, hidden) bf16 -> h (its float copy), the input norm,
- * queries, keys and values with rotary embedding in qkv (rows, (H + 2 KV) d); the keys and values
- * written in cache slots start, start + 1, ... */
-static void project_qkv(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, int rows, int start,
-                        uint16_t *keys, uint16_t *values, int capacity, const uint16_t *cos, const uint16_t *sin,
-                        float *h, float *x, float *qkv, float *scratch) {
+ * queries, keys and values with rotary embedding in qkv (rows, (H + 2 KV) d); each segment's
+ * keys and values written in its cache slots. cos/sin: the rows' rotary rows (rows, head_dim). */
+static void project_qkv(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, const segment_t *seg, int segs,
+                        const uint16_t *cos, const uint16_t *sin, float *h, float *x, float *qkv, float *scratch) {
     int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim;
-    int nqkv = (H + 2 * KV) * d;
+    int nqkv = (H + 2 * KV) * d, rows = 0;
+    for (int s = 0; s < segs; s++) rows += seg[s].rows;
     for (long i = 0; i < (long)rows * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
     rms_norm(h, rows, Hd, ly->in_norm, dm->eps, x);
     linear_f32(&ly->qkv, x, rows, scratch, qkv);
-    for (int r = 0; r < rows; r++) {
-        float *row = qkv + (size_t)r * nqkv;
-        for (int k = 0; k < H + KV; k++) rope(row + k * d, d, cos + (size_t)r * d, sin + (size_t)r * d);
-        int pos = start + r;
-        for (int k = 0; k < KV; k++)
-            for (int i = 0; i < d; i++) {
-                keys[((size_t)k * d + i) * capacity + pos] = f32_to_bf16(row[(H + k) * d + i]);
-                values[((size_t)k * capacity + pos) * d + i] = f32_to_bf16(row[(H + KV + k) * d + i]);
-            }
-    }
+    for (int s = 0, r = 0; s < segs; s++)
+        for (int i = 0; i < seg[s].rows; i++, r++) {
+            float *row = qkv + (size_t)r * nqkv;
+            for (int k = 0; k < H + KV; k++) rope(row + k * d, d, cos + (size_t)r * d, sin + (size_t)r * d);
+            int pos = seg[s].start + i, cap = seg[s].capacity;
+            for (int k = 0; k < KV; k++)
+                for (int j = 0; j < d; j++) {
+                    seg[s].keys[((size_t)k * d + j) * cap + pos] = f32_to_bf16(row[(H + k) * d + j]);
+                    seg[s].values[((size_t)k * cap + pos) * d + j] = f32_to_bf16(row[(H + KV + k) * d + j]);
+                }
+        }
 }
 
-static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out, int rows,
-                          int start, const int *parent, uint16_t *keys, uint16_t *values, int capacity,
-                          const uint16_t *cos, const uint16_t *sin, float *ws) {
+/* One decoder layer for the segments' rows, in order: hidden (rows, hidden) bf16 in, out (rows,
+ * hidden) bf16 (in place is safe); cos/sin: the rotary rows of the tokens' positions (rows,
+ * head_dim) bf16 (a chain's are start, start + 1, ...; a tree's, start + depth). The products run
+ * on every row at once; attention reads each segment's own cache. */
+static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out,
+                          const segment_t *seg, int segs, const uint16_t *cos, const uint16_t *sin, float *ws) {
     int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, I = dm->intermediate;
-    int nqkv = (H + 2 * KV) * d;
+    int nqkv = (H + 2 * KV) * d, rows = 0;
+    for (int s = 0; s < segs; s++) rows += seg[s].rows;
     float *h = ws, *x = h + (size_t)rows * Hd, *qkv = x + (size_t)rows * Hd, *att = qkv + (size_t)rows * nqkv;
     float *q = att + (size_t)rows * H * d, *gu = q + (size_t)rows * H * d, *act = gu + (size_t)rows * 2 * I;
     float *scratch = act + (size_t)rows * I;
 
-    project_qkv(dm, ly, hidden, rows, start, keys, values, capacity, cos, sin, h, x, qkv, scratch);
+    project_qkv(dm, ly, hidden, seg, segs, cos, sin, h, x, qkv, scratch);
     /* queries packed (rows, H, d) for attention */
     for (int r = 0; r < rows; r++) memcpy(q + (size_t)r * H * d, qkv + (size_t)r * nqkv, sizeof(float) * H * d);
-    attention(dm, q, rows, start, parent, keys, values, capacity, att);
+    for (int s = 0, r = 0; s < segs; r += seg[s].rows, s++)
+        attention(dm, q + (size_t)r * H * d, seg[s].rows, seg[s].start, seg[s].parent, seg[s].keys, seg[s].values,
+                  seg[s].capacity, att + (size_t)r * H * d);
     linear_f32(&ly->o, att, rows, scratch, x);
     for (long i = 0; i < (long)rows * Hd; i++) h[i] += x[i];
     rms_norm(h, rows, Hd, ly->post_norm, dm->eps, x);
@@ -523,6 +536,13 @@ static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *h
     for (int r = 0; r < rows; r++) swiglu(gu + (size_t)r * 2 * I, gu + (size_t)r * 2 * I + I, I, act + (size_t)r * I);
     linear_f32(&ly->down, act, rows, scratch, x);
     for (long i = 0; i < (long)rows * Hd; i++) out[i] = f32_to_bf16(h[i] + x[i]);
+}
+
+/* One sequence's segment at layer i of a call's tables. */
+static segment_t one_segment(int rows, int start, const int *parent, uint16_t *const *keys, uint16_t *const *values,
+                             const int *capacity, int i) {
+    segment_t s = {rows, start, parent, keys[i], values[i], capacity[i]};
+    return s;
 }
 
 /* Floats of scratch `linear_bf16` needs. */
@@ -543,9 +563,31 @@ void linear_bf16(const linear_t *lin, const uint16_t *x, int rows, uint16_t *out
 void layers_forward(const dims_t *dm, const layer_t *const *layers, int n, const uint16_t *hidden, uint16_t *out,
                     int rows, int start, const int *parent, uint16_t *const *keys, uint16_t *const *values,
                     const int *capacity, const uint16_t *cos, const uint16_t *sin, float *ws) {
-    for (int i = 0; i < n; i++) /* layer_forward reads its input whole before it writes: in place is safe */
-        layer_forward(dm, layers[i], i == 0 ? hidden : out, out, rows, start, parent, keys[i], values[i], capacity[i],
-                      cos, sin, ws);
+    for (int i = 0; i < n; i++) { /* layer_forward reads its input whole before it writes: in place is safe */
+        segment_t seg = one_segment(rows, start, parent, keys, values, capacity, i);
+        layer_forward(dm, layers[i], i == 0 ? hidden : out, out, &seg, 1, cos, sin, ws);
+    }
+}
+
+/* Continuous batching: layers first..first + n - 1 for the rows of `segs` sequences at once, each
+ * a chain of seg_rows[s] tokens in its own cache at slots seg_start[s], ...; its key and value
+ * buffers and capacity at layer i at [s * n + i] of keys, values and capacity. Rows in segment
+ * order in hidden, out, cos and sin. Every row goes through the operations a call of its sequence
+ * alone would give it (the products' row tiles change no row's arithmetic), so each sequence gets
+ * the same bits whatever shares its batch. */
+#define MAX_SEGMENTS 256
+void layers_forward_batch(const dims_t *dm, const layer_t *const *layers, int n, const uint16_t *hidden,
+                          uint16_t *out, int segs, const int *seg_rows, const int *seg_start, uint16_t *const *keys,
+                          uint16_t *const *values, const int *capacity, const uint16_t *cos, const uint16_t *sin,
+                          float *ws) {
+    segment_t seg[MAX_SEGMENTS];
+    if (segs > MAX_SEGMENTS) segs = MAX_SEGMENTS; /* the binding refuses more */
+    for (int i = 0; i < n; i++) {
+        for (int s = 0; s < segs; s++)
+            seg[s] = one_segment(seg_rows[s], seg_start[s], NULL, keys + (size_t)s * n, values + (size_t)s * n,
+                                 capacity + (size_t)s * n, i);
+        layer_forward(dm, layers[i], i == 0 ? hidden : out, out, seg, segs, cos, sin, ws);
+    }
 }
 
 /* Keys and values of layers first..first + n - 1 for `rows` tokens, all computed from the same
@@ -556,8 +598,10 @@ void layers_project_kv(const dims_t *dm, const layer_t *const *layers, int n, co
                        const uint16_t *cos, const uint16_t *sin, float *ws) {
     int Hd = dm->hidden, nqkv = (dm->heads + 2 * dm->kv_heads) * dm->head_dim;
     float *h = ws, *x = h + (size_t)rows * Hd, *qkv = x + (size_t)rows * Hd, *scratch = qkv + (size_t)rows * nqkv;
-    for (int i = 0; i < n; i++)
-        project_qkv(dm, layers[i], hidden, rows, start, keys[i], values[i], capacity[i], cos, sin, h, x, qkv, scratch);
+    for (int i = 0; i < n; i++) {
+        segment_t seg = one_segment(rows, start, NULL, keys, values, capacity, i);
+        project_qkv(dm, layers[i], hidden, &seg, 1, cos, sin, h, x, qkv, scratch);
+    }
 }
 
 /* -- exit decisions inside the layer loop (early exit) ------------------------------------- */
@@ -654,8 +698,8 @@ int layers_forward_exit(const dims_t *dm, const layer_t *const *layers, int L, u
     for (int j = 0; j < L; j++) {
         while (a > 0 && resume[a - 1] <= j) a--;
         uint16_t *h = hidden + (size_t)a * Hd;
-        layer_forward(dm, layers[j], h, h, rows - a, first + a, NULL, keys[j], values[j], capacity[j],
-                      cos + (size_t)a * d, sin + (size_t)a * d, ws);
+        segment_t seg = one_segment(rows - a, first + a, NULL, keys, values, capacity, j);
+        layer_forward(dm, layers[j], h, h, &seg, 1, cos + (size_t)a * d, sin + (size_t)a * d, ws);
         int e = j + 1;
         while (c < plan->checks && plan->layers[c] < e) c++;
         if (e == L || c == plan->checks || plan->layers[c] != e) continue;

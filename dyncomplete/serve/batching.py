@@ -1,0 +1,206 @@
+"""Continuous batching: the one thread that runs the model for every request slot.
+
+With `--parallel N` the worker runs up to N requests at once, each in its own slot thread that
+does the request's Python work (prompt, sampling, stop strings, streaming). Their model passes
+meet here: a slot's `forward` hands its step to the model thread and waits. The model thread
+gathers the steps of every slot in generation (up to `gather_s` for a slot still between steps),
+runs the batchable ones in one native call (`LayeredModel.forward_batch`: rows of different
+sequences, each in its own cache) and the rest one by one. A prompt goes in chunks of
+SHORT_QUERY tokens (chunked prefill, as llama.cpp's slots and vLLM do), so a long prompt delays
+the others' tokens by one chunk a step, not by its whole prefill; decode steps take a batch's
+rows before prompt chunks. Requests whose method is not batchable run whole on the model thread,
+alone, between batches (`run_alone`).
+
+One thread runs every native call: OpenMP keeps one pool of threads per calling thread, and
+pools beyond the CPU count stop spinning and run decode steps at half speed (native/__init__.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..models.attention import SHORT_QUERY
+
+
+@dataclass(eq=False)
+class _Step:
+    ids: list[int]
+    cache: object
+    start: int
+    logits: bool
+    slot: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: torch.Tensor | None = None
+    error: BaseException | None = None
+
+    def rows(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(eq=False)
+class _Alone:
+    run: Callable[[], object]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: object = None
+    error: BaseException | None = None
+
+
+class ModelThread:
+    """Runs every model pass of the slots: batched steps and whole requests alone."""
+
+    def __init__(self, model, max_rows: int = 4 * SHORT_QUERY, gather_s: float = 0.005):
+        self.model, self.max_rows, self.gather_s = model, max_rows, gather_s
+        self._cond = threading.Condition()
+        self._steps: list[_Step] = []
+        self._alone: list[_Alone] = []
+        self._members: set[int] = set()  # slots in generation: each will hand in a step soon
+        self._stopped = False
+        self.batch_sizes: Counter[int] = Counter()  # sequences per batched call -> how many calls
+        self.batch_rows = 0
+        self._thread = threading.Thread(target=self._loop, name="dyncomplete-model", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+
+    def join(self, slot: int) -> None:
+        with self._cond:
+            self._members.add(slot)
+
+    def leave(self, slot: int) -> None:
+        with self._cond:
+            self._members.discard(slot)
+            self._cond.notify_all()  # the model thread may be waiting for this slot's step
+
+    def forward(self, slot: int, ids: list[int], cache, start: int) -> torch.Tensor:
+        """The last position's logits after `ids` at `start` (`LayeredModel.forward`'s), from the
+        batches this slot's steps join: a batchable prompt in chunks of SHORT_QUERY tokens."""
+        chunk = SHORT_QUERY if self.model.batchable(cache, start, len(ids)) else len(ids)
+        logits = None
+        for a in range(0, len(ids), chunk):
+            piece = ids[a : a + chunk]
+            logits = self._wait(_Step(piece, cache, start + a, a + chunk >= len(ids), slot)).result
+        return logits
+
+    def run_alone(self, run: Callable[[], object]):
+        """`run()` on the model thread, with no batch beside it; its result (or its exception)."""
+        return self._wait(_Alone(run)).result
+
+    def _wait(self, item):
+        with self._cond:
+            if self._stopped:
+                raise RuntimeError("the model thread has stopped")
+            (self._steps if isinstance(item, _Step) else self._alone).append(item)
+            self._cond.notify_all()
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        return item
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._steps or self._alone or self._stopped):
+                    self._cond.wait()
+                if self._stopped:
+                    for item in self._steps + self._alone:
+                        item.error = RuntimeError("the server is stopping")
+                        item.done.set()
+                    return
+                if self._alone and not self._steps:
+                    work = [self._alone.pop(0)]
+                else:
+                    self._gather()
+                    work = self._take()
+            steps = [item for item in work if isinstance(item, _Step)]
+            if steps:
+                self._run(steps)
+            for item in work:
+                if isinstance(item, _Alone):
+                    self._finish([item], lambda: [item.run()])
+
+    def _gather(self) -> None:
+        """Wait (lock held) until every slot in generation has a step in, or `gather_s` passed."""
+        deadline = time.perf_counter() + self.gather_s
+        while not self._stopped:
+            waiting = self._members - {step.slot for step in self._steps}
+            left = deadline - time.perf_counter()
+            if not waiting or left <= 0:
+                return
+            self._cond.wait(left)
+
+    def _take(self) -> list:
+        """This batch (lock held): decode steps first, then prompt chunks, up to max_rows rows; a
+        request waiting to run alone goes after the steps that were already in."""
+        order = sorted(self._steps, key=lambda s: s.rows() > 1)
+        batch, rows = [], 0
+        for step in order:
+            if batch and rows + step.rows() > self.max_rows:
+                break
+            batch.append(step)
+            rows += step.rows()
+        self._steps = [s for s in self._steps if s not in batch]
+        if self._alone:
+            batch.append(self._alone.pop(0))
+        return batch
+
+    def _run(self, steps: list[_Step]) -> None:
+        model = self.model
+        together = [s for s in steps if model.batchable(s.cache, s.start, s.rows())]
+        if together:
+            self.batch_sizes[len(together)] += 1
+            self.batch_rows += sum(s.rows() for s in together)
+            self._finish(together, lambda: model.forward_batch(
+                [(s.ids, s.cache, s.start, s.logits) for s in together]))
+        for step in steps:
+            if step not in together:
+                self._finish([step], lambda: [model.forward(torch.tensor(step.ids), step.cache, start=step.start)[0, -1]])
+
+    @staticmethod
+    def _finish(items: list, run: Callable[[], list]) -> None:
+        try:
+            for item, result in zip(items, run()):
+                item.result = result
+        except BaseException as exc:  # every waiting slot gets the failure; the thread goes on
+            for item in items:
+                item.error = exc
+        for item in items:
+            item.done.set()
+
+    def status(self) -> dict:
+        with self._cond:
+            calls = sum(self.batch_sizes.values())
+            return {"batched_calls": calls, "batch_sizes": dict(sorted(self.batch_sizes.items())),
+                    "mean_batch_rows": round(self.batch_rows / calls, 2) if calls else 0.0,
+                    "in_generation": len(self._members)}
+
+
+class BatchedModel:
+    """A slot's view of the model: `forward` joins the model thread's batches; everything else is
+    the model's own (tokenizer, layer count, new caches)."""
+
+    def __init__(self, model, thread: ModelThread, slot: int):
+        self._model, self._thread, self._slot = model, thread, slot
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def forward(self, input_ids: torch.Tensor, cache=None, start: int | None = None,
+                last_only: bool = True) -> torch.Tensor:
+        if cache is None or not last_only:
+            raise ValueError("a batched model takes a cache and gives the last position's logits")
+        start = cache.lengths[0] if start is None else start
+        return self._thread.forward(self._slot, input_ids.reshape(-1).tolist(), cache, start)[None, None]
