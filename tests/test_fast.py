@@ -183,10 +183,12 @@ def test_all_layers_in_one_call_equal_one_call_per_layer(quantized):
 def test_quantized_model_agrees_with_the_unquantized_one_on_most_greedy_tokens(quantized, request):
     """A quality floor: top-1 agreement over real code positions with the model `--quant none`
     runs on this CPU: bfloat16 where the CPU has bfloat16 instructions, float32 elsewhere (where
-    bfloat16 products are emulated, and `--dtype auto` is float32 for unquantized weights)."""
+    bfloat16 products are emulated, and `--dtype auto` is float32 for unquantized weights).
+    Over 1,653 positions: on 494 the share's standard error (1%) put int8 on either side of its
+    floor by CPU kind (0.949 to 0.958 measured on three)."""
     reference = request.getfixturevalue("smollm_bf16" if cpu_has_bf16() else "smollm")
     agree = total = 0
-    for text in stdlib_prompts(4):
+    for text in stdlib_prompts(16):
         ids = torch.tensor(reference.tokenizer(text, add_special_tokens=False).input_ids)
         a = quantized.forward(ids, last_only=False)[0].argmax(-1)
         b = reference.forward(ids, last_only=False)[0].argmax(-1)

@@ -1,7 +1,7 @@
-"""The native decode kernels (models/native): the portable build (no AVX512) computes the same
-products as the one for this CPU, bit for bit, each row independent of the rows beside it, and a machine
-without a compiler gets a clear refusal instead of int4 weights; a thread other than the loading one
-runs the kernels as fast."""
+"""The native decode kernels (models/native): the scalar build (no AVX2) and the AVX2 build (no
+AVX-512) compute the same products as the one for this CPU, bit for bit, each row independent of the
+rows beside it, and a machine without a compiler gets a clear refusal instead of int4 weights; a
+thread other than the loading one runs the kernels as fast."""
 
 import ctypes
 import statistics
@@ -14,7 +14,11 @@ import torch
 from dyncomplete.models import native
 from dyncomplete.models.weights import Linear
 
-PORTABLE = ["-O3", "-march=x86-64-v3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]  # AVX2, no AVX512
+BUILDS = {"scalar": "x86-64", "avx2": "x86-64-v3"}  # -march of the kernels' portable loops and of their AVX2 version
+
+
+def cpu_has(flag: str) -> bool:
+    return any(line.startswith("flags") and f" {flag} " in f"{line} " for line in open("/proc/cpuinfo"))
 
 
 def product(lib, lin: Linear, x: torch.Tensor) -> torch.Tensor:
@@ -24,13 +28,16 @@ def product(lib, lin: Linear, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.fixture(scope="module")
-def portable(tmp_path_factory):
-    return native.compile_library(tmp_path_factory.mktemp("native") / "portable.so", PORTABLE)
+@pytest.fixture(scope="module", params=list(BUILDS))
+def portable(request, tmp_path_factory):
+    if request.param == "avx2" and not (cpu_has("avx2") and cpu_has("fma")):
+        pytest.skip("this CPU has no AVX2")
+    flags = [f if f != "-march=native" else f"-march={BUILDS[request.param]}" for f in native.FLAGS]
+    return native.compile_library(tmp_path_factory.mktemp("native") / f"{request.param}.so", flags)
 
 
 @pytest.mark.parametrize("shape", [(100, 96), (576, 1536), (1001, 864)])
-def test_portable_build_computes_the_same_products_row_by_row(portable, shape):
+def test_portable_builds_compute_the_same_products_row_by_row(portable, shape):
     g = torch.Generator().manual_seed(shape[1])
     lin = Linear((torch.randn(shape, generator=g) * 0.05).bfloat16(), torch.randn(shape[0]).bfloat16(), "int4")
     x = torch.randn(7, shape[1], generator=g).bfloat16()

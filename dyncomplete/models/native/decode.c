@@ -13,7 +13,9 @@
  * Weights: groups of GROUP input features with a bf16 scale and zero each, w = (q - 8) * scale +
  * zero with levels q in 0..15, as the model's dequantized weights (fast.py, quantize_int4) define
  * it; laid out in blocks of 16 output features (see block_levels). Inputs are quantized to int8
- * per group before they multiply (see quantize_group).
+ * per group before they multiply (see quantize_group). The products have three versions, for
+ * AVX512-VNNI, for AVX2 (AMD Zen 2 and 3, Intel client cores; without it they ran about 20 times
+ * slower) and portable C, which give the same bits (tests/test_native.py).
  * Activations: float32 inside a layer; hidden states, keys and values in bfloat16 (the model's
  * dtype and cache layout: keys (kv_heads, head_dim, capacity), values (kv_heads, capacity,
  * head_dim)).
@@ -25,6 +27,9 @@
 #include <string.h>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define VECTOR_512 1 /* attention, exp and SwiGLU in 512-bit vectors */
+#include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VECTOR_256 1 /* CPUs without AVX-512 (AMD Zen 2 and 3, Intel client cores): the same in 256-bit vectors */
 #include <immintrin.h>
 #endif
 
@@ -68,6 +73,25 @@ static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+/* 8 bf16 values as floats. */
+static inline __m256 load_bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* The horizontal sum and max of 8 floats, in one fixed order. */
+static inline float sum8(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+
+static inline float max8(__m256 v) {
+    __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_max_ss(a, _mm_movehdup_ps(a)));
+}
+#endif
 
 /* -- int4 products ------------------------------------------------------------------------- */
 
@@ -105,6 +129,22 @@ static inline void quantize_group(const float *x, int r, int g, int in, qinput_t
     _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(va));
     _mm_storeu_si128((__m128i *)(dst + 16), _mm512_cvtepi32_epi8(vb));
     int total = _mm512_reduce_add_epi32(_mm512_add_epi32(va, vb));
+#elif defined(VECTOR_256)
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 v[4];
+    for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(p + 8 * k);
+    float amax = max8(_mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                    _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]))));
+    float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    __m256i iv[4];
+    for (int k = 0; k < 4; k++) iv[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(inv))); /* nearest even */
+    /* to bytes: the packs interleave 128-bit lanes, the permutation puts the 32 values back in order */
+    __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+    _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m256i t = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+    int total = _mm_cvtsi128_si32(_mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1)));
 #else
     float amax = 0.f;
     for (int j = 0; j < GROUP; j++) amax = fmaxf(amax, fabsf(p[j]));
@@ -186,8 +226,81 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
         for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(out + (size_t)(r0 + r) * lin->out + n0, m, acc[c][r]);
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define TILE_AVX2 1
+/* AVX2 without VNNI: a 256-bit vector of levels holds 4 inputs of 8 features (half a block). u8 x
+ * s8 products summed in pairs (maddubs: at most 2 * 15 * 127 = 3810, so no saturation), the low and
+ * high nibbles of the 4 steps added in 16 bits (at most 8 * 3810 = 30480 < 32767), then pairs to
+ * 32 bits: each feature's exact isum, followed by the float steps of the portable loops. */
+static inline __attribute__((always_inline)) void tile(const linear_t *lin, int b0, int NB, qinput_t qi, int r0,
+                                                       int NR, float *out) {
+    int in = lin->in, groups = in / GROUP;
+    __m256 acc[4][2][8];
+    PRAGMA_UNROLL
+    for (int c = 0; c < NB; c++)
+        PRAGMA_UNROLL
+        for (int r = 0; r < NR; r++) acc[c][0][r] = acc[c][1][r] = _mm256_setzero_ps();
+    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    for (int g = 0; g < groups; g++) {
+        __m256i sum[4][2][8];
+        PRAGMA_UNROLL
+        for (int c = 0; c < NB; c++)
+            PRAGMA_UNROLL
+            for (int r = 0; r < NR; r++) sum[c][0][r] = sum[c][1][r] = _mm256_setzero_si256();
+        PRAGMA_UNROLL
+        for (int j = 0; j < 4; j++)
+            PRAGMA_UNROLL
+            for (int c = 0; c < NB; c++)
+                PRAGMA_UNROLL
+                for (int h = 0; h < 2; h++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(block_levels(lin, b0 + c, g) + 64 * j + 32 * h));
+                    __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                    PRAGMA_UNROLL
+                    for (int r = 0; r < NR; r++) {
+                        const int8_t *px = qi.q + (size_t)(r0 + r) * in + g * GROUP + 4 * j;
+                        int32_t a, b;
+                        memcpy(&a, px, 4), memcpy(&b, px + 16, 4);
+                        __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)),
+                                                     _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b)));
+                        sum[c][h][r] = _mm256_add_epi16(sum[c][h][r], p);
+                    }
+                }
+        PRAGMA_UNROLL
+        for (int c = 0; c < NB; c++)
+            PRAGMA_UNROLL
+            for (int h = 0; h < 2; h++) {
+                size_t at = ((size_t)(b0 + c) * groups + g) * BLOCK + 8 * h;
+                __m256 s = load_bf16x8(lin->scales + at);
+                __m256 zero = _mm256_fnmadd_ps(_mm256_set1_ps(8.f), s, load_bf16x8(lin->zeros + at));
+                PRAGMA_UNROLL
+                for (int r = 0; r < NR; r++) {
+                    size_t rg = (size_t)(r0 + r) * groups + g;
+                    __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum[c][h][r], ones));
+                    acc[c][h][r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(s, _mm256_set1_ps(qi.dx[rg])), acc[c][h][r]);
+                    acc[c][h][r] = _mm256_fmadd_ps(zero, _mm256_set1_ps(qi.sums[rg]), acc[c][h][r]);
+                }
+            }
+    }
+    PRAGMA_UNROLL
+    for (int c = 0; c < NB; c++)
+        PRAGMA_UNROLL
+        for (int h = 0; h < 2; h++) {
+            int n0 = (b0 + c) * BLOCK + 8 * h, left = lin->out - n0;
+            PRAGMA_UNROLL
+            for (int r = 0; r < NR; r++) {
+                float *dst = out + (size_t)(r0 + r) * lin->out + n0;
+                if (left >= 8) {
+                    _mm256_storeu_ps(dst, acc[c][h][r]);
+                } else if (left > 0) { /* the last block's padding features are not written */
+                    float lanes[8];
+                    _mm256_storeu_ps(lanes, acc[c][h][r]);
+                    memcpy(dst, lanes, sizeof(float) * left);
+                }
+            }
+        }
+}
 #else
-/* Portable version (no AVX512-VNNI): the same operations, feature by feature. */
+/* Portable version (no AVX2): the same operations, feature by feature. */
 static inline __attribute__((always_inline)) void tile(const linear_t *lin, int b0, int NB, qinput_t qi, int r0,
                                                        int NR, float *out) {
     int in = lin->in, groups = in / GROUP;
@@ -220,6 +333,25 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
 #define UNIT 4
 #define TILE_R 8
 static void unit_rows(const linear_t *lin, int b0, qinput_t qi, int r0, int nr, float *out) {
+#ifdef TILE_AVX2
+    /* 16 vector registers: a tile holds at most 8 accumulators (2 per block and row), rows in fours */
+    switch (nr) {
+    case 1: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 1, out); break;
+    case 2: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 2, out); break;
+    case 3: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 3, out); break;
+    case 4: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 4, out); break;
+    default:
+        for (int b = b0; b < b0 + UNIT; b++) {
+            tile(lin, b, 1, qi, r0, 4, out);
+            switch (nr - 4) {
+            case 1: tile(lin, b, 1, qi, r0 + 4, 1, out); break;
+            case 2: tile(lin, b, 1, qi, r0 + 4, 2, out); break;
+            case 3: tile(lin, b, 1, qi, r0 + 4, 3, out); break;
+            default: tile(lin, b, 1, qi, r0 + 4, 4, out);
+            }
+        }
+    }
+#else
     switch (nr) {
     case 1: tile(lin, b0, 4, qi, r0, 1, out); break;
     case 2: tile(lin, b0, 4, qi, r0, 2, out); break;
@@ -230,6 +362,7 @@ static void unit_rows(const linear_t *lin, int b0, qinput_t qi, int r0, int nr, 
     case 7: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 7, out); break;
     default: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 8, out);
     }
+#endif
 }
 
 /* out (rows, lin->out) = x (rows, lin->in) W^T + bias, float32; scratch: rows * INPUT_SCRATCH(in). */
@@ -278,6 +411,10 @@ static void rope(float *x, int d, const uint16_t *cos, const uint16_t *sin) {
     }
 }
 
+#define ATTEND_CASE(N) \
+    case N: \
+        attend_heads(q, N, K, V, prefix, tail, ntail, d, capacity, scale, scores, out); \
+        break;
 #ifdef VECTOR_512
 /* exp(x) for 16 floats, x clamped to [-87, 88] (Cephes' expf: range reduction by ln 2 in two
  * parts, degree-6 polynomial; within 1 ulp of exp over that range, checked in steps of 0.001). */
@@ -382,10 +519,6 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, i
     }
 }
 
-#define ATTEND_CASE(N) \
-    case N: \
-        attend_heads(q, N, K, V, prefix, tail, ntail, d, capacity, scale, scores, out); \
-        break;
 /* G heads sharing one kv head, in groups of up to 8 (each group with a constant size, so that its
  * accumulators stay in registers). */
 static void attend(const float *q, int G, const uint16_t *K, const uint16_t *V, int prefix, const int *tail,
@@ -394,6 +527,115 @@ static void attend(const float *q, int G, const uint16_t *K, const uint16_t *V, 
         switch (G - g0 < 8 ? G - g0 : 8) {
             ATTEND_CASE(1) ATTEND_CASE(2) ATTEND_CASE(3) ATTEND_CASE(4) ATTEND_CASE(5) ATTEND_CASE(6)
             ATTEND_CASE(7) ATTEND_CASE(8)
+        }
+    }
+}
+#elif defined(VECTOR_256)
+/* exp(x) for 8 floats: exp16's steps, with 2^n built in the exponent bits (n in -126..127). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* Lanes 0..left-1 (left < 8 takes a tail). */
+static inline __m256i lanes_below(int left) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* attend_heads of the 512-bit version in 8-float vectors, the same order of operations: a
+ * (head, key) score is one chain of fused multiply-adds whether its key falls in a vector of keys
+ * or in the scalar loop of the last keys, and the softmax runs over the keys packed in order. */
+static inline __attribute__((always_inline)) void attend_heads(const float *q, int QG, const uint16_t *K,
+                                                               const uint16_t *V, int prefix, const int *tail,
+                                                               int ntail, int d, int capacity, float scale,
+                                                               float *scores, float *out) {
+    int n = prefix + ntail, full = prefix - prefix % 16;
+    float top[4];
+    __m256 mx[4];
+    PRAGMA_UNROLL
+    for (int h = 0; h < QG; h++) mx[h] = _mm256_set1_ps(-INFINITY);
+    for (int j0 = 0; j0 < full; j0 += 16) { /* two independent 8-key chains per head */
+        __m256 acc[4][2];
+        PRAGMA_UNROLL
+        for (int h = 0; h < QG; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+        for (int i = 0; i < d; i++) {
+            _mm_prefetch((const char *)(K + (size_t)i * capacity + j0 + 128), _MM_HINT_T0);
+            __m256 k0 = load_bf16x8(K + (size_t)i * capacity + j0), k1 = load_bf16x8(K + (size_t)i * capacity + j0 + 8);
+            PRAGMA_UNROLL
+            for (int h = 0; h < QG; h++) {
+                __m256 qi = _mm256_set1_ps(q[h * d + i]);
+                acc[h][0] = _mm256_fmadd_ps(qi, k0, acc[h][0]);
+                acc[h][1] = _mm256_fmadd_ps(qi, k1, acc[h][1]);
+            }
+        }
+        PRAGMA_UNROLL
+        for (int h = 0; h < QG; h++) {
+            __m256 s0 = _mm256_mul_ps(acc[h][0], _mm256_set1_ps(scale)), s1 = _mm256_mul_ps(acc[h][1], _mm256_set1_ps(scale));
+            _mm256_storeu_ps(scores + (size_t)h * n + j0, s0);
+            _mm256_storeu_ps(scores + (size_t)h * n + j0 + 8, s1);
+            mx[h] = _mm256_max_ps(mx[h], _mm256_max_ps(s0, s1));
+        }
+    }
+    float inv[4];
+    for (int h = 0; h < QG; h++) {
+        float *sc = scores + (size_t)h * n;
+        top[h] = max8(mx[h]);
+        for (int j = full; j < n; j++) { /* the last keys of the prefix, then the tail */
+            int slot = j < prefix ? j : tail[j - prefix];
+            float acc = 0.f;
+            for (int i = 0; i < d; i++) acc = fmaf(q[h * d + i], bf16_to_f32(K[(size_t)i * capacity + slot]), acc);
+            sc[j] = acc * scale;
+            top[h] = fmaxf(top[h], sc[j]);
+        }
+        __m256 vtop = _mm256_set1_ps(top[h]), sum = _mm256_setzero_ps();
+        for (int j = 0; j < n; j += 8) {
+            __m256i m = lanes_below(n - j);
+            __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(sc + j, m), vtop));
+            _mm256_maskstore_ps(sc + j, m, e);
+            sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
+        }
+        inv[h] = 1.f / sum8(sum);
+    }
+    for (int i0 = 0; i0 < d; i0 += 16) { /* 16-wide slices of the output, each value vector loaded once */
+        __m256 acc[4][2];
+        PRAGMA_UNROLL
+        for (int h = 0; h < QG; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const uint16_t *row = V + (size_t)(j < prefix ? j : tail[j - prefix]) * d + i0;
+            __m256 v0 = load_bf16x8(row), v1 = load_bf16x8(row + 8);
+            PRAGMA_UNROLL
+            for (int h = 0; h < QG; h++) {
+                __m256 p = _mm256_set1_ps(scores[(size_t)h * n + j]);
+                acc[h][0] = _mm256_fmadd_ps(p, v0, acc[h][0]);
+                acc[h][1] = _mm256_fmadd_ps(p, v1, acc[h][1]);
+            }
+        }
+        PRAGMA_UNROLL
+        for (int h = 0; h < QG; h++) {
+            _mm256_storeu_ps(out + (size_t)h * d + i0, _mm256_mul_ps(acc[h][0], _mm256_set1_ps(inv[h])));
+            _mm256_storeu_ps(out + (size_t)h * d + i0 + 8, _mm256_mul_ps(acc[h][1], _mm256_set1_ps(inv[h])));
+        }
+    }
+}
+
+/* G heads sharing one kv head, in groups of up to 4 (16 vector registers). */
+static void attend(const float *q, int G, const uint16_t *K, const uint16_t *V, int prefix, const int *tail,
+                   int ntail, int d, int capacity, float scale, float *scores, float *out) {
+    for (int g0 = 0; g0 < G; g0 += 4, q += 4 * d, out += 4 * d) {
+        switch (G - g0 < 4 ? G - g0 : 4) {
+            ATTEND_CASE(1) ATTEND_CASE(2) ATTEND_CASE(3) ATTEND_CASE(4)
         }
     }
 }
@@ -429,6 +671,13 @@ static void swiglu(const float *gate, const float *up, int n, float *out) {
         __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
         _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(e, _mm512_set1_ps(1.f))),
                                                 _mm512_loadu_ps(up + i)));
+    }
+#elif defined(VECTOR_256)
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(e, _mm256_set1_ps(1.f))),
+                                                _mm256_loadu_ps(up + i)));
     }
 #endif
     for (; i < n; i++) out[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
