@@ -118,6 +118,10 @@ SESSION_COLUMNS = {
     "from_cache": Column("shown from llama.vim's cache", "from_client_cache", _pct),
     "p50_asked": Column("p50 ms of those asked", "p50_asked_ms", _fixed(0)),
     "background": Column("background ms per pause", "background_ms", _fixed(0)),
+    "editors": Column("editors at once", lambda r: r["run"].get("editors", 1)),
+    "per_s": Column("completions per s", "completions_per_s", _fixed(2)),
+    "batch_p50": Column("sequences per batched call (median)", "batch_p50", _fixed(0)),
+    "cache_hits": Column("prefix-cache hits", "prefix_cache_hit_share", _pct),
 }
 SESSION_DEFAULT = ("model", "method", "row", "n", "p50", "p95", "ttft_p50", "cached", "exact")
 
