@@ -46,8 +46,8 @@ def measure(model, prompt_tokens: int = 480, new_tokens: int = 64, runs: int = 5
         cache = model.new_cache()
         start = time.perf_counter()
         logits = model.forward(prompt, cache)[0, -1]
+        tokens = [int(torch.argmax(logits))]  # on a GPU, this waits for the prefill
         prefill_tps.append(len(ids) / (time.perf_counter() - start))
-        tokens = [int(torch.argmax(logits))]
         start = time.perf_counter()
         for k in range(new_tokens - 1):
             logits = model.forward(torch.tensor([tokens[-1]]), cache, start=len(ids) + k)[0, -1]
@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--engine", default="auto", choices=["auto", "fast", "hf"])
     p.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"])
     p.add_argument("--threads", type=int, default=2)
@@ -117,7 +118,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    model = load(args.model, dtype=args.dtype, quant=args.quant, engine=args.engine, progress=lambda m: None)
+    model = load(args.model, dtype=args.dtype, device=args.device, quant=args.quant, engine=args.engine,
+                 progress=lambda m: None)
     load_s = time.perf_counter() - start
     if args.verify_rows:
         rows = sorted({1, *(int(k) for k in args.verify_rows.split(","))})
@@ -137,7 +139,8 @@ def main(argv=None) -> int:
             for key in ("prefill_tok_s", "decode_tok_s")}
     result["tokens"] = result["tokens"][:16]
     result |= {"model": args.model, "command": shlex.join(["python", "-m", "dyncomplete.bench.speed", *sys.argv[1:]]),
-               "cpu": cpu_name(), "cpu_bf16": cpu_has_bf16(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+               "cpu": cpu_name(), "cpu_bf16": cpu_has_bf16(),
+               "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu", "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     print(json.dumps(result))
     return 0
 
