@@ -15,6 +15,18 @@ from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, OPTConfig, Q
 from dyncomplete.paths import cpu_has_bf16
 
 
+def same_bits_alone_and_in_a_pass(model, ids, k=8) -> list[bool]:
+    """For each of the last k positions of `ids`: whether its logits from one-token steps equal,
+    bit for bit, those of one k-position pass (a verification pass) after the same cached start."""
+    start = len(ids) - k
+    alone_cache, together_cache = model.new_cache(), model.new_cache()
+    model.forward(torch.tensor(ids[:start]), alone_cache)
+    model.forward(torch.tensor(ids[:start]), together_cache)
+    alone = [model.forward(torch.tensor([ids[start + i]]), alone_cache, start=start + i)[0, -1] for i in range(k)]
+    together = model.forward(torch.tensor(ids[start:]), together_cache, start=start, last_only=False)[0]
+    return [torch.equal(together[i], alone[i]) for i in range(k)]
+
+
 def stdlib_prompts(n=20, chars=400):
     """Deterministic prompts cut from real CPython standard-library files."""
     root = Path(sysconfig.get_paths()["stdlib"])

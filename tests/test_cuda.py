@@ -5,7 +5,7 @@ widths, built there, since no weights travel to a lent GPU."""
 
 import pytest
 import torch
-from helpers import byte_tokenizer
+from helpers import byte_tokenizer, same_bits_alone_and_in_a_pass
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from dyncomplete.engine import GenerationParams
@@ -35,13 +35,7 @@ def model(request):
 
 def test_a_position_gets_the_same_logits_alone_or_in_a_verification_pass(model):
     ids = model.tokenizer("def area(r):\n    return 3.14159 * r * r\n" * 8).input_ids
-    start = len(ids) - 8
-    alone_cache, together_cache = model.new_cache(), model.new_cache()
-    model.forward(torch.tensor(ids[:start]), alone_cache)
-    model.forward(torch.tensor(ids[:start]), together_cache)
-    alone = [model.forward(torch.tensor([ids[start + k]]), alone_cache, start=start + k)[0, -1] for k in range(8)]
-    together = model.forward(torch.tensor(ids[start:]), together_cache, start=start, last_only=False)[0]
-    assert [torch.equal(together[k], alone[k]) for k in range(8)] == [True] * 8
+    assert same_bits_alone_and_in_a_pass(model, ids) == [True] * 8
 
 
 def test_lookup_gives_baselines_tokens(model):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from helpers import rows_may_depend_on_count, stdlib_prompts, tiny_model
+from helpers import rows_may_depend_on_count, same_bits_alone_and_in_a_pass, stdlib_prompts, tiny_model
 
 from dyncomplete import methods
 from dyncomplete.engine import GenerationParams
@@ -148,13 +148,7 @@ def test_quantized_model_gives_a_position_the_same_logits_alone_or_in_a_verifica
     rows_may_depend_on_count(request, quantized)
     model = quantized
     ids = long_ids(model)
-    start = len(ids) - 8
-    alone_cache, together_cache = model.new_cache(), model.new_cache()
-    model.forward(torch.tensor(ids[:start]), alone_cache)
-    model.forward(torch.tensor(ids[:start]), together_cache)
-    alone = [model.forward(torch.tensor([ids[start + k]]), alone_cache, start=start + k)[0, -1] for k in range(8)]
-    together = model.forward(torch.tensor(ids[start:]), together_cache, start=start, last_only=False)[0]
-    assert [torch.equal(together[k], alone[k]) for k in range(8)] == [True] * 8
+    assert same_bits_alone_and_in_a_pass(model, ids) == [True] * 8
 
 
 @pytest.mark.model

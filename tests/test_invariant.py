@@ -5,7 +5,7 @@ import glob
 
 import pytest
 import torch
-from helpers import rows_may_depend_on_count
+from helpers import rows_may_depend_on_count, same_bits_alone_and_in_a_pass
 
 from dyncomplete.models.invariant import BLOCK, split_k_linear, split_k_matmul
 from dyncomplete.paths import cpu_has_bf16
@@ -37,10 +37,4 @@ def test_bfloat16_model_gives_a_position_the_same_logits_alone_or_in_a_verificat
     model = smollm_bf16
     source = max(glob.glob(torch.__file__.rsplit("/", 1)[0] + "/nn/modules/*.py"), key=lambda p: len(open(p).read()))
     ids = model.tokenizer(open(source).read()).input_ids[:1200]
-    start = len(ids) - 8
-    alone_cache, together_cache = model.new_cache(), model.new_cache()
-    model.forward(torch.tensor(ids[:start]), alone_cache)
-    model.forward(torch.tensor(ids[:start]), together_cache)
-    alone = [model.forward(torch.tensor([ids[start + k]]), alone_cache, start=start + k)[0, -1] for k in range(8)]
-    together = model.forward(torch.tensor(ids[start:]), together_cache, start=start, last_only=False)[0]
-    assert [torch.equal(together[k], alone[k]) for k in range(8)] == [True] * 8
+    assert same_bits_alone_and_in_a_pass(model, ids) == [True] * 8
