@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from ..paths import cpu_has_bf16
 from . import native
-from .attention import SHORT_QUERY
+from .attention import SHORT_QUERY, gpu_padding, with_rows_repeated
 from .decoder import Decoder
 from .invariant import split_k_matmul
 from .kv_cache import KVCache
@@ -142,8 +142,8 @@ class FastEngine:
         if quant != "none" and device.type != "cpu":
             raise ValueError("quantized weights use PyTorch's CPU kernels: run them on the CPU")
         self.dtype, self.device = dtype, device
-        invariant = device.type == "cpu" and dtype != torch.float32
-        self.short_path = invariant  # the plain short-query attention (attention.py's rule)
+        invariant = device.type == "cpu" and dtype != torch.float32  # the products' split reductions
+        self.short_path = device.type in ("cpu", "cuda") and dtype != torch.float32  # attention.py's rule
         attn0 = decoder.layers[0].self_attn
         self.head_dim = attn0.head_dim
         self.heads = config.num_attention_heads
@@ -417,15 +417,20 @@ class FastEngine:
         """`attention.short_query_attention` on the engine's layout: q (1, q, H, d), keys_t
         (KV, d, n) and values (KV, n, d), slices of the cache; returns (1, q, H*d)."""
         H, KV, G, d = self.heads, self.kv_heads, self.groups, self.head_dim
+        pad = gpu_padding(q_len, q.device)
+        rows = q_len + pad
+        if pad:
+            q = F.pad(q, (0, 0, 0, 0, 0, pad))
+            mask = None if mask is None else with_rows_repeated(mask[:, :, -q_len:, : keys_t.shape[2]], pad)
         # three-dimensional products straight on the cache's slices: a four-dimensional matmul
         # copies its strided operand first (same results, checked by the tests)
-        grouped = q.transpose(1, 2).reshape(KV, G * q_len, d)
+        grouped = q.transpose(1, 2).reshape(KV, G * rows, d)
         scores = torch.bmm(grouped, keys_t).float().mul_(self.scale)
         if mask is not None:
-            scores = scores.view(1, KV, G, q_len, -1) + mask[:, :, -q_len:, : keys_t.shape[2]].unsqueeze(2)
-        probs = torch.softmax(scores, dim=-1).to(values.dtype).view(KV, G * q_len, -1)
-        out = split_k_matmul(probs, values, torch.bmm).view(1, H, q_len, d)
-        return out.transpose(1, 2).reshape(1, q_len, H * d)
+            scores = scores.view(1, KV, G, rows, -1) + mask[:, :, -rows:, : keys_t.shape[2]].unsqueeze(2)
+        probs = torch.softmax(scores, dim=-1).to(values.dtype).view(KV, G * rows, -1)
+        out = split_k_matmul(probs, values, torch.bmm).view(1, H, rows, d)
+        return out.transpose(1, 2)[:, :q_len].reshape(1, q_len, H * d)
 
     def _tree_attention(self, q, keys_t, values, ctx):
         """Short-query attention for a token tree, row by row, each row over the cache before the

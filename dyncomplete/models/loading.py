@@ -212,8 +212,9 @@ def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, qu
         progress("warning: this CPU has no bfloat16 instructions, and PyTorch's bfloat16 products here depend on "
                  "how many positions run together: speculative methods may differ from baseline (invariant.py); "
                  "use --quant int4 (what --dtype auto picks) or --dtype float32")
-    if device.startswith("cuda"):
-        progress("warning: PyTorch's products on a GPU depend on how many positions run together (tests/test_cuda.py, "
-                 "measured on an H200): speculative methods may differ from baseline there")
+    if device.startswith("cuda") and (layered.engine != "fast" or layered.dtype == torch.float32):
+        progress("warning: on a GPU, PyTorch's products here depend on how many positions run together "
+                 "(tests/test_cuda.py, seen on an H200): speculative methods may differ from baseline; "
+                 "the fast engine in bfloat16 is lossless there")
     native.release_thread_pool()  # the server decodes in another thread than this one (see there)
     return layered
