@@ -1,9 +1,11 @@
 """What several test files share: prompts cut from the standard library, tiny random-weight models
-(no download), a tiny model the server can serve, and the presets of the real servers the
-`server` fixture (conftest.py) starts."""
+(no download), a tiny model the server can serve, the presets of the real servers the `server`
+fixture (conftest.py) starts, jobs run through the serve worker, and the alone-against-a-pass
+bit check."""
 
 import json
 import sysconfig
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +15,30 @@ from transformers import AutoModelForCausalLM
 from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, OPTConfig, Qwen2Config
 
 from dyncomplete.paths import cpu_has_bf16
+
+
+def run_jobs(worker, jobs, cancel_after: dict[int, int] | None = None):
+    """Submit every job to the serve worker at once, wait for each one's final event and return
+    them in order. `cancel_after`: job index -> cancel it once it streamed that many text events."""
+    finals, texts, done = {}, {i: [] for i in range(len(jobs))}, threading.Event()
+
+    def sink(i):
+        def emit(event):
+            if event[0] == "text":
+                texts[i].append(event[1])
+                if cancel_after and len(texts[i]) == cancel_after.get(i):
+                    jobs[i].cancel("disconnected")
+            if event[0] in ("done", "error"):
+                finals[i] = event
+                if len(finals) == len(jobs):
+                    done.set()
+        return emit
+
+    for i, job in enumerate(jobs):
+        job.emit = sink(i)
+        worker.submit(job)
+    assert done.wait(600)
+    return [finals[i] for i in range(len(jobs))]
 
 
 def same_bits_alone_and_in_a_pass(model, ids, k=8) -> list[bool]:

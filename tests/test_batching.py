@@ -3,12 +3,11 @@ bits it gets alone, and a worker with parallel slots gives every request baselin
 whatever shares its batches (prompts in chunks, other requests joining and leaving, a cancelled
 one, a method that runs alone)."""
 
-import threading
 import time
 
 import pytest
 import torch
-from helpers import stdlib_prompts
+from helpers import run_jobs, stdlib_prompts
 
 from dyncomplete.engine import GenerationParams
 from dyncomplete.models import load
@@ -69,30 +68,6 @@ def test_a_cache_behind_the_step_is_not_batchable(int4):
     assert not int4.batchable(cache, cache.lengths[0] + 1, 1)
     assert int4.batchable(cache, cache.lengths[0], 1)
     assert not int4.batchable(None, 0, 1)
-
-
-def run_jobs(worker, jobs, cancel_after: dict[int, int] | None = None):
-    """Submit every job at once; each one's final event and its streamed text, in order.
-    `cancel_after`: job index -> cancel it once it streamed that many text events."""
-    finals, texts, done = {}, {i: [] for i in range(len(jobs))}, threading.Event()
-
-    def sink(i):
-        def emit(event):
-            if event[0] == "text":
-                texts[i].append(event[1])
-                if cancel_after and len(texts[i]) == cancel_after.get(i):
-                    jobs[i].cancel("disconnected")
-            if event[0] in ("done", "error"):
-                finals[i] = event
-                if len(finals) == len(jobs):
-                    done.set()
-        return emit
-
-    for i, job in enumerate(jobs):
-        job.emit = sink(i)
-        worker.submit(job)
-    assert done.wait(600)
-    return [finals[i] for i in range(len(jobs))]
 
 
 def job(prefix, method="baseline", n=24):

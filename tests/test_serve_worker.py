@@ -2,10 +2,10 @@
 cancelled while queued never reaches the model, methods are built at start and a method outside
 them is refused without stopping the thread."""
 
-import threading
 import time
 
 import pytest
+from helpers import run_jobs
 
 from dyncomplete.engine import GenerationParams
 from dyncomplete.serve.prefix_cache import PrefixCache
@@ -13,25 +13,6 @@ from dyncomplete.serve.report import finish_reason
 from dyncomplete.serve.worker import Busy, Job, Worker
 
 pytestmark = pytest.mark.model
-
-
-def run_jobs(worker, jobs):
-    """Submit jobs, wait for each one's final event, return them in order."""
-    finals, done = {}, threading.Event()
-
-    def sink(i):
-        def emit(event):
-            if event[0] in ("done", "error"):
-                finals[i] = event
-                if len(finals) == len(jobs):
-                    done.set()
-        return emit
-
-    for i, job in enumerate(jobs):
-        job.emit = sink(i)
-        worker.submit(job)
-    assert done.wait(300)
-    return [finals[i] for i in range(len(jobs))]
 
 
 def job(prompt="def f(x):\n", n=64, method="baseline", deadline_s=300.0, client=None):
