@@ -140,7 +140,8 @@ def main(argv=None) -> int:
     result["tokens"] = result["tokens"][:16]
     result |= {"model": args.model, "command": shlex.join(["python", "-m", "dyncomplete.bench.speed", *sys.argv[1:]]),
                "cpu": cpu_name(), "cpu_bf16": cpu_has_bf16(),
-               "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu", "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+               "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
+               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     print(json.dumps(result))
     return 0
 
