@@ -25,6 +25,12 @@ def smollm_bf16():
 
 
 @pytest.fixture(scope="session")
+def smollm_int4():
+    """SmolLM2-135M with int4 weights on decode.c's kernels, as `--quant auto` loads it."""
+    return load("smollm2-135m", dtype="bfloat16", quant="int4", progress=lambda m: None)
+
+
+@pytest.fixture(scope="session")
 def qwen05():
     """Qwen2.5-Coder-0.5B in float32 where its packages are installed (install.sh installs them)."""
     from dyncomplete.models import REGISTRY

@@ -53,6 +53,10 @@ def same_bits_alone_and_in_a_pass(model, ids, k=8) -> list[bool]:
     return [torch.equal(together[i], alone[i]) for i in range(k)]
 
 
+def ids_of(model, text):
+    return model.tokenizer(text, add_special_tokens=False).input_ids
+
+
 def stdlib_prompts(n=20, chars=400):
     """Deterministic prompts cut from real CPython standard-library files."""
     root = Path(sysconfig.get_paths()["stdlib"])

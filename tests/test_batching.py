@@ -7,24 +7,14 @@ import time
 
 import pytest
 import torch
-from helpers import run_jobs, stdlib_prompts
+from helpers import ids_of, run_jobs, stdlib_prompts
 
 from dyncomplete.engine import GenerationParams
-from dyncomplete.models import load
 from dyncomplete.serve.batching import ModelThread
 from dyncomplete.serve.prefix_cache import PrefixCache
 from dyncomplete.serve.worker import Job, Worker
 
 pytestmark = pytest.mark.model
-
-
-@pytest.fixture(scope="module")
-def int4():
-    return load("smollm2-135m", dtype="bfloat16", quant="int4", progress=lambda m: None)
-
-
-def ids_of(model, text):
-    return model.tokenizer(text, add_special_tokens=False).input_ids
 
 
 def greedy_alone(model, ids, steps):
@@ -35,10 +25,10 @@ def greedy_alone(model, ids, steps):
     return out
 
 
-def test_batched_rows_are_each_sequences_own_bits(int4):
-    prompts = [ids_of(int4, p) for p in stdlib_prompts(3, 40)]
-    alone = [greedy_alone(int4, ids, 5) for ids in prompts]
-    caches = [int4.new_cache() for _ in prompts]
+def test_batched_rows_are_each_sequences_own_bits(smollm_int4):
+    prompts = [ids_of(smollm_int4, p) for p in stdlib_prompts(3, 40)]
+    alone = [greedy_alone(smollm_int4, ids, 5) for ids in prompts]
+    caches = [smollm_int4.new_cache() for _ in prompts]
     done, logits = [0] * len(prompts), [[] for _ in prompts]
     # prompt chunks of 16 of every sequence together (different lengths: they end at different calls)
     while any(d < len(ids) for d, ids in zip(done, prompts)):
@@ -46,28 +36,28 @@ def test_batched_rows_are_each_sequences_own_bits(int4):
         for k, ids in enumerate(prompts):
             if done[k] < len(ids):
                 chunk = ids[done[k] : done[k] + 16]
-                assert int4.batchable(caches[k], done[k], len(chunk))
+                assert smollm_int4.batchable(caches[k], done[k], len(chunk))
                 steps.append((chunk, caches[k], done[k], done[k] + len(chunk) == len(ids)))
                 who.append(k)
                 done[k] += len(chunk)
-        for k, row in zip(who, int4.forward_batch(steps)):
+        for k, row in zip(who, smollm_int4.forward_batch(steps)):
             if row is not None:
                 logits[k].append(row)
     for _ in range(5):
         steps = [([int(logits[k][-1].argmax())], caches[k], done[k], True) for k in range(len(prompts))]
-        for k, row in enumerate(int4.forward_batch(steps)):
+        for k, row in enumerate(smollm_int4.forward_batch(steps)):
             logits[k].append(row)
             done[k] += 1
     for mine, theirs in zip(logits, alone):
         assert len(mine) == len(theirs) and all(torch.equal(a, b) for a, b in zip(mine, theirs))
 
 
-def test_a_cache_behind_the_step_is_not_batchable(int4):
-    cache = int4.new_cache()
-    int4.forward(torch.tensor(ids_of(int4, "x = 1\n")), cache)
-    assert not int4.batchable(cache, cache.lengths[0] + 1, 1)
-    assert int4.batchable(cache, cache.lengths[0], 1)
-    assert not int4.batchable(None, 0, 1)
+def test_a_cache_behind_the_step_is_not_batchable(smollm_int4):
+    cache = smollm_int4.new_cache()
+    smollm_int4.forward(torch.tensor(ids_of(smollm_int4, "x = 1\n")), cache)
+    assert not smollm_int4.batchable(cache, cache.lengths[0] + 1, 1)
+    assert smollm_int4.batchable(cache, cache.lengths[0], 1)
+    assert not smollm_int4.batchable(None, 0, 1)
 
 
 def job(prefix, method="baseline", n=24):
@@ -94,16 +84,16 @@ def prefixes():
 
 
 @pytest.fixture(scope="module")
-def alone(int4, prefixes):
-    w = worker_of(int4, 1)
+def alone(smollm_int4, prefixes):
+    w = worker_of(smollm_int4, 1)
     try:
         return completions(w, prefixes, ["baseline"] * len(prefixes))
     finally:
         w.stop()
 
 
-def test_parallel_slots_give_each_request_its_tokens_alone(int4, prefixes, alone):
-    w = worker_of(int4, 4)
+def test_parallel_slots_give_each_request_its_tokens_alone(smollm_int4, prefixes, alone):
+    w = worker_of(smollm_int4, 4)
     try:
         together = completions(w, prefixes, ["baseline"] * len(prefixes))
         status = w.status()["batching"]
@@ -114,8 +104,8 @@ def test_parallel_slots_give_each_request_its_tokens_alone(int4, prefixes, alone
     assert status["in_generation"] == 0
 
 
-def test_a_cancelled_request_and_one_that_runs_alone_change_no_other(int4, prefixes, alone):
-    w = worker_of(int4, 3)
+def test_a_cancelled_request_and_one_that_runs_alone_change_no_other(smollm_int4, prefixes, alone):
+    w = worker_of(smollm_int4, 3)
     methods = ["baseline", "lookup", "baseline", "baseline", "baseline", "baseline"]
     try:
         finals = run_jobs(w, [job(p, m) for p, m in zip(prefixes, methods)], cancel_after={2: 3})
@@ -127,14 +117,14 @@ def test_a_cancelled_request_and_one_that_runs_alone_change_no_other(int4, prefi
         assert results[k].token_ids == alone[k].token_ids
 
 
-def test_a_failing_step_reaches_its_slot_and_the_thread_goes_on(int4):
-    thread = ModelThread(int4)
+def test_a_failing_step_reaches_its_slot_and_the_thread_goes_on(smollm_int4):
+    thread = ModelThread(smollm_int4)
     thread.start()
     try:
         with pytest.raises(ValueError, match="boom"):
             thread.run_alone(lambda: (_ for _ in ()).throw(ValueError("boom")))
-        cache = int4.new_cache()
-        logits = thread.forward(0, ids_of(int4, "import os\n"), cache, 0)
-        assert torch.equal(logits, int4.forward(torch.tensor(ids_of(int4, "import os\n")), int4.new_cache())[0, -1])
+        cache = smollm_int4.new_cache()
+        logits = thread.forward(0, ids_of(smollm_int4, "import os\n"), cache, 0)
+        assert torch.equal(logits, smollm_int4.forward(torch.tensor(ids_of(smollm_int4, "import os\n")), smollm_int4.new_cache())[0, -1])
     finally:
         thread.stop()

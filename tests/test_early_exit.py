@@ -3,7 +3,7 @@ equal to a reference built with the real decoder layers, and honest work counts.
 
 import pytest
 import torch
-from helpers import stdlib_prompts
+from helpers import ids_of, stdlib_prompts
 
 from dyncomplete.engine import GenerationParams, Stats
 from dyncomplete.methods.baseline import Baseline
@@ -28,10 +28,6 @@ class Never:
 
     def decide(self, e, hidden, logits):
         return False
-
-
-def ids_of(model, text):
-    return model.tokenizer(text, add_special_tokens=False).input_ids
 
 
 @pytest.mark.parametrize("spec", ["confidence@1.0", "entropy@0", "saturation@1.0", "static@30"])

@@ -4,7 +4,7 @@ policies, one native call a token, and baseline's tokens at the strictest thresh
 
 import pytest
 import torch
-from helpers import stdlib_prompts
+from helpers import ids_of, stdlib_prompts
 
 from dyncomplete.engine import GenerationParams, Stats
 from dyncomplete.exits.heads import lens_heads, load_heads
@@ -12,18 +12,8 @@ from dyncomplete.exits.policies import make_policy
 from dyncomplete.methods import make_method
 from dyncomplete.methods.baseline import Baseline
 from dyncomplete.methods.early_exit import EarlyExit
-from dyncomplete.models import load
 
 pytestmark = pytest.mark.model
-
-
-@pytest.fixture(scope="module")
-def int4():
-    return load("smollm2-135m", dtype="bfloat16", quant="int4", progress=lambda m: None)
-
-
-def ids_of(model, text):
-    return model.tokenizer(text, add_special_tokens=False).input_ids
 
 
 def static(model, layer, heads, kv="catchup", native=True):
@@ -53,16 +43,16 @@ def assert_same_cache(a, b):
 
 
 @pytest.mark.parametrize("kv", ["catchup", "propagate"])
-def test_the_native_step_runs_what_the_python_loop_runs(int4, kv):
+def test_the_native_step_runs_what_the_python_loop_runs(smollm_int4, kv):
     """Exits at 20, 20, 10, then a token through every layer, which catches the exited positions
     up (kv=catchup: they join at layers 20, 20 and 10 inside the one call)."""
-    ids = ids_of(int4, "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n")
-    tokens = ids_of(int4, "    return a * b\n")[:4]
-    heads = lens_heads(int4, [10, 20])
+    ids = ids_of(smollm_int4, "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n")
+    tokens = ids_of(smollm_int4, "    return a * b\n")[:4]
+    heads = lens_heads(smollm_int4, [10, 20])
     results = []
     for native in (True, False):
-        plan = [static(int4, layer, heads, kv, native) for layer in (20, 20, 10, 30)]
-        results.append(run_steps(int4, ids, tokens, plan))
+        plan = [static(smollm_int4, layer, heads, kv, native) for layer in (20, 20, 10, 30)]
+        results.append(run_steps(smollm_int4, ids, tokens, plan))
     (logits, depths, pending, cache, stats), (ref_logits, ref_depths, _, ref_cache, ref_stats) = results
     assert depths == ref_depths == [20, 20, 10, 30] and pending == []
     assert torch.equal(logits, ref_logits)
@@ -72,12 +62,12 @@ def test_the_native_step_runs_what_the_python_loop_runs(int4, kv):
         assert stats.layer_evals == 20 + 20 + 10 + 30 + (10 + 10 + 20)
 
 
-def test_pending_positions_left_after_an_exit_are_the_python_loops(int4):
-    ids = ids_of(int4, "import os\n\nfor name in os.listdir(")
-    tokens = ids_of(int4, "path):\n    print(name)")[:3]
-    heads = lens_heads(int4, [10, 20])
-    native = run_steps(int4, ids, tokens, [static(int4, layer, heads) for layer in (20, 10, 10)])
-    python = run_steps(int4, ids, tokens, [static(int4, layer, heads, native=False) for layer in (20, 10, 10)])
+def test_pending_positions_left_after_an_exit_are_the_python_loops(smollm_int4):
+    ids = ids_of(smollm_int4, "import os\n\nfor name in os.listdir(")
+    tokens = ids_of(smollm_int4, "path):\n    print(name)")[:3]
+    heads = lens_heads(smollm_int4, [10, 20])
+    native = run_steps(smollm_int4, ids, tokens, [static(smollm_int4, layer, heads) for layer in (20, 10, 10)])
+    python = run_steps(smollm_int4, ids, tokens, [static(smollm_int4, layer, heads, native=False) for layer in (20, 10, 10)])
     assert [r for r, _ in native[2]] == [r for r, _ in python[2]] == [20, 10, 10]
     for (_, a), (_, b) in zip(native[2], python[2]):
         assert torch.equal(a, b)
@@ -86,22 +76,22 @@ def test_pending_positions_left_after_an_exit_are_the_python_loops(int4):
 
 
 @pytest.mark.parametrize("policy", ["classifier", "rl"])
-def test_a_native_check_gives_the_policys_probability(int4, policy):
-    heads = load_heads(int4)
-    method = make_method(f"early-exit:{policy}@0.5", int4)
-    engine = int4.engines["fast"]
-    ids = torch.tensor(ids_of(int4, stdlib_prompts(2)[1]))
+def test_a_native_check_gives_the_policys_probability(smollm_int4, policy):
+    heads = load_heads(smollm_int4)
+    method = make_method(f"early-exit:{policy}@0.5", smollm_int4)
+    engine = smollm_int4.engines["fast"]
+    ids = torch.tensor(ids_of(smollm_int4, stdlib_prompts(2)[1]))
     with torch.inference_mode():
-        ctx = int4.context(torch.arange(len(ids)))
-        h = int4.embed(ids, ctx)
+        ctx = smollm_int4.context(torch.arange(len(ids)))
+        h = smollm_int4.embed(ids, ctx)
         hidden = {}
-        for j in range(int4.num_layers):
-            h = int4.run_layer(j, h, ctx, None)
+        for j in range(smollm_int4.num_layers):
+            h = smollm_int4.run_layer(j, h, ctx, None)
             hidden[j + 1] = h[0]
         for e in method.native.layers:
             expected = method.policy.scores(e, hidden[e])
             got = torch.tensor([method.native.probability(engine.native.dims, e, row, engine.final_norm_weight,
-                                                          int4.num_layers) for row in hidden[e]])
+                                                          smollm_int4.num_layers) for row in hidden[e]])
             # the classifier's features are rounded to bfloat16 as the model rounds its final norm:
             # the norm's sum, added in another order, moves a feature by a bfloat16 step now and then
             torch.testing.assert_close(got, expected.float(), atol=1e-3, rtol=0)
@@ -110,29 +100,29 @@ def test_a_native_check_gives_the_policys_probability(int4, policy):
 
 
 @pytest.mark.parametrize("spec", ["classifier@1.0", "rl@1.0", "static@30", "classifier/kv=propagate@1.0"])
-def test_strictest_thresholds_give_baselines_tokens_in_one_native_call_a_token(int4, spec, monkeypatch):
+def test_strictest_thresholds_give_baselines_tokens_in_one_native_call_a_token(smollm_int4, spec, monkeypatch):
     calls = []
-    run_exit = int4.run_exit
-    monkeypatch.setattr(int4, "run_exit", lambda *a: calls.append(1) or run_exit(*a))
+    run_exit = smollm_int4.run_exit
+    monkeypatch.setattr(smollm_int4, "run_exit", lambda *a: calls.append(1) or run_exit(*a))
     params = GenerationParams(max_new_tokens=12)
     for text in stdlib_prompts(6)[:2]:
-        ids = ids_of(int4, text)
-        base = Baseline().generate(int4, ids, params)
+        ids = ids_of(smollm_int4, text)
+        base = Baseline().generate(smollm_int4, ids, params)
         calls.clear()
-        ours = make_method(f"early-exit:{spec}", int4).generate(int4, ids, params)
+        ours = make_method(f"early-exit:{spec}", smollm_int4).generate(smollm_int4, ids, params)
         assert ours.token_ids == base.token_ids
         assert set(ours.stats.token_sources) == {"full"}
         assert len(calls) == len(ours.stats.token_layers) - 1  # every step after the prefill's token
 
 
-def test_an_exit_decided_natively_counts_its_checks(int4):
+def test_an_exit_decided_natively_counts_its_checks(smollm_int4):
     """rl@0.0 exits at the first check: one check's work a token, as the Python loop counts it."""
-    ids = ids_of(int4, "x = 1\ny = 2\nz =")
+    ids = ids_of(smollm_int4, "x = 1\ny = 2\nz =")
     params = GenerationParams(max_new_tokens=6)
-    method = make_method("early-exit:rl/kv=propagate@0.0", int4)
-    native = method.generate(int4, ids, params)
+    method = make_method("early-exit:rl/kv=propagate@0.0", smollm_int4)
+    native = method.generate(smollm_int4, ids, params)
     method.native = None
-    python = method.generate(int4, ids, params)
+    python = method.generate(smollm_int4, ids, params)
     first = min(method.exits)
     assert native.stats.token_layers == python.stats.token_layers == [30] + [first] * 5
     assert native.stats.decision_macs == python.stats.decision_macs == 5 * method.policy.decision_macs()

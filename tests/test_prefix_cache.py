@@ -6,6 +6,7 @@ import json.decoder
 
 import pytest
 import torch
+from helpers import ids_of
 
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods.baseline import Baseline
@@ -18,10 +19,6 @@ pytestmark = pytest.mark.model
 # real code, about 12k characters, that does not change as this project does (the window tests'
 # counts depend on where its lines fall)
 SOURCE = inspect.getsource(json.decoder)
-
-
-def ids_of(model, text):
-    return model.tokenizer(text, add_special_tokens=False).input_ids
 
 
 def test_reuse_is_token_identical_to_a_fresh_prefill(smollm):
