@@ -10,7 +10,7 @@ from dyncomplete.engine import GenerationParams
 from dyncomplete.methods.baseline import Baseline
 from dyncomplete.models import layered
 from dyncomplete.models.rotary import rotate_keys, shift_frequencies
-from dyncomplete.serve.chunk_reuse import Chunk, plan_chunks
+from dyncomplete.serve.chunk_reuse import Chunk, plan_chunks, split_stale
 from dyncomplete.serve.prefix_cache import PrefixCache
 
 
@@ -30,6 +30,14 @@ def test_plan_keeps_cached_order():
     old = tuple(range(50))
     new = list(range(30, 50)) + list(range(0, 30))  # swapped halves: only the first run can follow order
     assert plan_chunks(old, new, 8) == [Chunk(0, 20, 30)]
+
+
+def test_positions_copied_to_the_limit_are_prefilled_again_and_the_common_prefix_stays():
+    chunks = [Chunk(0, 10, 0), Chunk(13, 60, 10)]
+    copies = [5] * 10 + [0] * 10 + [2] * 5 + [1] * 40  # the prefix's count does not matter: it never moves
+    assert split_stale(chunks, copies, 2, 8) == [Chunk(0, 10, 0), Chunk(13, 23, 10), Chunk(28, 60, 25)]
+    assert split_stale(chunks, copies, 1, 8) == [Chunk(0, 10, 0), Chunk(13, 23, 10)]
+    assert split_stale(chunks, [0] * 16 + [3] + [0] * 48, 3, 8) == [Chunk(0, 10, 0), Chunk(20, 60, 17)]  # 6 left: dropped
 
 
 def test_rotating_a_key_by_d_gives_the_key_at_the_position_d_further():
@@ -65,6 +73,7 @@ def test_reused_chunks_give_layer_zero_keys_of_a_full_prefill_and_the_gaps_run(s
 
     kv, reused = cache.lookup(new)
     assert reused == len(new) - len(inserted) and kv.holes == [(cut, cut + len(inserted))]
+    assert kv.copies == [0] * (cut + len(inserted)) + [1] * (len(ids) - cut)  # the moved chunk: one copy
     full = model.new_cache()
     model.forward(torch.tensor(new), full)
     moved = slice(cut + len(inserted), len(new))  # the chunk that moved by len(inserted)

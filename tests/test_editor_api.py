@@ -188,6 +188,20 @@ def test_typing_within_a_line_prefills_only_the_typed_characters(qwen_server):
     assert answers[1]["timings/prompt_n"] <= 4, answers[1]  # " *", " math" and the token healing held back
 
 
+def test_a_new_line_above_the_cursor_reuses_the_moved_suffix(qwen_server):
+    """Moving down a line (the prefix grows by the line just written, the suffix stays), the
+    server's default `--cache-reuse 32` places the cached suffix at its new positions: only the
+    new line and the prompt's end are prefilled, not the suffix after them."""
+    suffix = "".join(f"\n\ndef size_{n}(shape):\n    return shape.width * shape.height * {n}" for n in range(12))
+    prefix = "import math\n\n\ndef circle(r):\n"
+    fields = ["content", "timings/prompt_n", "tokens_evaluated"]
+    answers = [post(qwen_server, "/infill", body("llama_vim_infill.json", input_prefix=before, input_suffix=suffix,
+                                                  input_extra=[], prompt="", n_predict=4,
+                                                  response_fields=fields)).json()
+               for before in (prefix, prefix + "    circumference = 2 * math.pi * r\n")]
+    assert answers[1]["tokens_evaluated"] > 150, answers[1]  # the suffix is most of the prompt
+    assert answers[1]["timings/prompt_n"] <= 30, answers[1]  # the new line and the prompt's end
+
 def test_qwen_fills_the_middle_for_every_client(qwen_server):
     for name in ("llama_vscode_infill.json", "llama_vim_infill.json"):
         # the middle (the repository context makes it a `return` of the value), then the guards

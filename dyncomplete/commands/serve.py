@@ -58,6 +58,7 @@ def run(args) -> int:
                         max_tokens_limit=args.max_tokens_limit, context_budget=args.context_budget,
                         suffix_budget=args.suffix_budget, cursor_line=args.cursor_line,
                         cache_bytes=int(args.cache_mb * 2**20), cache_reuse=args.cache_reuse,
+                        cache_reuse_copies=args.cache_reuse_copies,
                         client_memory=args.client_memory == "on",
                         ngram_cache=args.ngram_cache == "on")
     model = load_from_args(args)
@@ -111,9 +112,13 @@ def register(sub) -> None:
                         "the middle token as the completion's start, as llama.cpp's /infill does, so typing within "
                         "a line leaves the suffix in the prefix cache (default); or in the prefix")
     p.add_argument("--cache-mb", type=float, default=512, help="prefix-cache memory bound in MiB (0: off)")
-    p.add_argument("--cache-reuse", type=int, default=0, metavar="N",
+    p.add_argument("--cache-reuse", type=positive(int, zero=True), default=32, metavar="N",
                    help="also reuse runs of at least N tokens of the last prompt at new positions, keys rotated "
-                        "(the suffix of a fill-in-the-middle prompt after the prefix grew; approximate; 0: off)")
+                        "(the suffix of a fill-in-the-middle prompt after the prefix grew; approximate, measured "
+                        "in docs/results.md; 0: off)")
+    p.add_argument("--cache-reuse-copies", type=positive(int, zero=True), default=2, metavar="N",
+                   help="with --cache-reuse: a position copied N times is prefilled again, so that reused text "
+                        "does not drift from what a prefill gives (0: no limit)")
     p.add_argument("--client-memory", default="on", choices=["on", "off"],
                    help="remember the files each editor sends (input_extra, the documents it edits) and add "
                         "the best-matching windows of them to its prompts (a request opts out with "

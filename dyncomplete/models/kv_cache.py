@@ -27,6 +27,9 @@ class KVCache:
         # position ranges [a, b) not computed yet although later positions are: chunks of an
         # earlier prompt placed past them (serve/chunk_reuse.py); prefill runs them first
         self.holes: list[tuple[int, int]] = []
+        # per position, how many times its keys and values were copied to a new position
+        # (chunk reuse); positions past the list's end were computed where they are
+        self.copies: list[int] = []
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, kwargs=None, **_):
         """Append keys/values (batch, heads, new, dim) at the layer's length; return all of them."""
@@ -93,6 +96,7 @@ class KVCache:
                 other.keys[i] = self.keys[i][..., :n].clone()
                 other.values[i] = self.values[i][..., :n, :].clone()
             other.lengths[i] = n
+        other.copies = self.copies[:length] if length is not None else list(self.copies)
         return other
 
     def nbytes(self) -> int:

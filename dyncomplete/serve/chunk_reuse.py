@@ -9,7 +9,10 @@ and only the tokens between such runs are prefilled. llama.cpp stops reusing at 
 token it has not cached; here a run may follow new tokens, which is where the suffix is.
 
 A reused chunk keeps what it attended to when it was first computed, so a completion can differ
-from a full prefill of the same prompt; the server's `--cache-reuse 0` turns it off.
+from a full prefill of the same prompt; the server's `--cache-reuse 0` turns it off. Copied again
+and again, a chunk drifts further from what a prefill would give (it attended to text that has
+since changed, and each rotation rounds its keys), so a position copied `limit` times is
+prefilled again (`split_stale`).
 """
 
 from __future__ import annotations
@@ -62,11 +65,38 @@ def plan_chunks(cached: tuple[int, ...], ids: list[int], min_tokens: int) -> lis
     return chunks
 
 
+def split_stale(chunks: list[Chunk], copies: list[int], limit: int, min_tokens: int) -> list[Chunk]:
+    """`chunks` without the cached positions copied `limit` times already (`copies`), each moved
+    chunk cut there into the runs of at least `min_tokens` tokens left. A chunk that stays in
+    place (the common prefix) is kept whole: it attends to the same text as before."""
+    out = []
+    for c in chunks:
+        if c.start == c.source:
+            out.append(c)
+            continue
+        run = None
+        for k in range(c.source, c.source + (c.end - c.start) + 1):
+            usable = k < c.source + (c.end - c.start) and (k >= len(copies) or copies[k] < limit)
+            if usable and run is None:
+                run = k
+            elif not usable and run is not None:
+                if k - run >= min_tokens:
+                    out.append(Chunk(c.start + run - c.source, c.start + k - c.source, run))
+                run = None
+    return out
+
+
 def assemble(cached: KVCache, chunks: list[Chunk], length: int, inv_freq: torch.Tensor, room: int) -> KVCache:
     """A new cache holding `chunks` of `cached` at their new positions, keys rotated, and the gaps
     between them as `holes` for prefill to run; positions from the last chunk's end on are left
-    to prefill as usual. `room`: the capacity the buffers get (at least `length`)."""
+    to prefill as usual. `room`: the capacity the buffers get (at least `length`). The new
+    cache's `copies` count one more copy for each moved position."""
     out = KVCache(cached.num_layers)
+    out.copies = [0] * length
+    for c in chunks:
+        for j in range(c.end - c.start):
+            before = cached.copies[c.source + j] if c.source + j < len(cached.copies) else 0
+            out.copies[c.start + j] = before + (c.start != c.source)
     for layer in range(cached.num_layers):
         keys, values = cached.keys[layer], cached.values[layer]
         out.keys[layer] = keys.new_zeros(*keys.shape[:-1], room)

@@ -8,7 +8,8 @@ bytes, evicting the least recently used entry; an entry whose prompt starts a ne
 dropped, as the newer one serves every request the older one could.
 
 With `min_chunk` (and the model's rotary frequencies), a lookup also reuses later runs of the
-most recent prompt at new positions (chunk_reuse.py): an approximation, off with 0.
+most recent prompt at new positions (chunk_reuse.py): an approximation, off with 0. A position
+copied `copy_limit` times is prefilled again (0: no limit).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from ..models import KVCache
 from ..models.fast import SPAN
-from .chunk_reuse import assemble, plan_chunks
+from .chunk_reuse import assemble, plan_chunks, split_stale
 
 
 def common_prefix_length(a: tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
@@ -41,11 +42,14 @@ class CacheCounters:
 class PrefixCache:
     """LRU of (prompt token ids -> KVCache holding exactly those positions), bounded by bytes."""
 
-    def __init__(self, max_bytes: int, min_chunk: int = 0, inv_freq=None):
+    def __init__(self, max_bytes: int, min_chunk: int = 0, inv_freq=None, copy_limit: int = 0):
         if max_bytes < 0:
             raise ValueError(f"prefix cache size must be >= 0 bytes, got {max_bytes}")
         if min_chunk < 0:
             raise ValueError(f"cache reuse needs chunks of >= 1 token (0: off), got {min_chunk}")
+        if copy_limit < 0:
+            raise ValueError(f"cache reuse copies a position at most N >= 1 times (0: no limit), got {copy_limit}")
+        self.copy_limit = copy_limit
         self.max_bytes = max_bytes
         self.min_chunk = min_chunk if inv_freq is not None else 0
         self.inv_freq = inv_freq
@@ -75,6 +79,8 @@ class PrefixCache:
             if self.min_chunk and self._entries:
                 recent = next(reversed(self._entries))
                 chunks = plan_chunks(recent, ids, self.min_chunk)
+                if self.copy_limit:
+                    chunks = split_stale(chunks, self._entries[recent].copies, self.copy_limit, self.min_chunk)
                 if sum(c.end - c.start for c in chunks) > best:
                     best_key = recent
                 else:
@@ -97,7 +103,7 @@ class PrefixCache:
         if n == 0 or min(cache.lengths) < n:
             return False
         cache.crop(n)
-        entry = cache.copy()  # trims the buffers to the prompt, so nbytes is what is kept
+        entry = cache.copy(n)  # trims the buffers to the prompt, so nbytes is what is kept
         size = entry.nbytes()
         if size > self.max_bytes:
             return False

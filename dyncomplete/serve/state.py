@@ -37,7 +37,8 @@ class Settings:
     suffix_budget: int = 0  # suffix tokens kept at most (0: the share of context_budget the prompt builder gives)
     cursor_line: str = "middle"  # where a FIM prompt puts the typed part of the cursor line (prompts.CURSOR_LINES)
     cache_bytes: int = 512 * 2**20
-    cache_reuse: int = 0  # reuse runs of at least this many tokens of the last prompt at new positions (0: off)
+    cache_reuse: int = 32  # reuse runs of at least this many tokens of the last prompt at new positions (0: off)
+    cache_reuse_copies: int = 2  # a position is copied at most this many times, then prefilled again (0: no limit)
     client_memory: bool = True  # remember the files each editor sent and retrieve from them
     ngram_cache: bool = True  # n-gram drafting may copy a client's earlier completions
     max_body_bytes: int = 2 * 2**20
@@ -48,7 +49,8 @@ class Server:
 
     def __init__(self, model, settings: Settings):
         self.model, self.settings = model, settings
-        self.prefix_cache = PrefixCache(settings.cache_bytes, settings.cache_reuse, shift_frequencies(model))
+        self.prefix_cache = PrefixCache(settings.cache_bytes, settings.cache_reuse, shift_frequencies(model),
+                                        settings.cache_reuse_copies)
         self.client_files = ClientFiles() if settings.client_memory else None
         self.client_history = ClientHistory() if settings.ngram_cache else None
         self.methods = list(dict.fromkeys((settings.default_method, *settings.methods)))
