@@ -6,6 +6,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from dyncomplete.bench.doc_tables import render_file, stale_files
 from dyncomplete.cli import main
 
@@ -48,6 +50,16 @@ def test_a_changed_run_makes_its_table_stale(tmp_path):
     summary["methods"]["lookup"]["tokens_per_s"] = 11.0
     (run / "summary.json").write_text(json.dumps(summary))
     assert stale_files([page]) == [page]
+
+
+def test_a_table_without_its_end_is_refused_and_the_page_kept(tmp_path):
+    page = tmp_path / "page.md"
+    text = ("<!-- table bench results/r1 -->\nkept text\n## A heading\n"
+            "<!-- table bench results/r2 -->\n<!-- end table -->\n")
+    page.write_text(text)
+    with pytest.raises(ValueError, match="line 1 has no '<!-- end table -->'"):
+        render_file(page)
+    assert page.read_text() == text
 
 
 def test_missing_extra_is_one_line_naming_it(monkeypatch, capsys, tmp_path):

@@ -248,6 +248,12 @@ def render_block(spec: str, base: Path) -> str:
 
 
 def render_text(text: str, base: Path) -> str:
+    """ValueError where a table's start has no end before the next start: rendering it would
+    replace the text up to a later table's end."""
+    for m in BLOCK.finditer(text):
+        if "<!-- table " in m["body"]:
+            line = text.count("\n", 0, m.start()) + 1
+            raise ValueError(f"the table at line {line} has no '<!-- end table -->' before the next table")
     return BLOCK.sub(lambda m: m.group(1) + render_block(m["spec"], base) + m.group(4), text)
 
 
