@@ -18,6 +18,7 @@ prefilled again (`split_stale`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 
 import torch
 
@@ -65,6 +66,11 @@ def plan_chunks(cached: tuple[int, ...], ids: list[int], min_tokens: int) -> lis
     return chunks
 
 
+def copied(copies: list[int], position: int) -> int:
+    """How often `position` was copied, by a cache's `copies` (positions past its end: never)."""
+    return copies[position] if position < len(copies) else 0
+
+
 def split_stale(chunks: list[Chunk], copies: list[int], limit: int, min_tokens: int) -> list[Chunk]:
     """`chunks` without the cached positions copied `limit` times already (`copies`), each moved
     chunk cut there into the runs of at least `min_tokens` tokens left. A chunk that stays in
@@ -74,15 +80,11 @@ def split_stale(chunks: list[Chunk], copies: list[int], limit: int, min_tokens: 
         if c.start == c.source:
             out.append(c)
             continue
-        run = None
-        for k in range(c.source, c.source + (c.end - c.start) + 1):
-            usable = k < c.source + (c.end - c.start) and (k >= len(copies) or copies[k] < limit)
-            if usable and run is None:
-                run = k
-            elif not usable and run is not None:
-                if k - run >= min_tokens:
-                    out.append(Chunk(c.start + run - c.source, c.start + k - c.source, run))
-                run = None
+        offsets = range(c.end - c.start)
+        for usable, run in groupby(offsets, key=lambda j: copied(copies, c.source + j) < limit):
+            run = list(run)
+            if usable and len(run) >= min_tokens:
+                out.append(Chunk(c.start + run[0], c.start + run[-1] + 1, c.source + run[0]))
     return out
 
 
@@ -95,8 +97,7 @@ def assemble(cached: KVCache, chunks: list[Chunk], length: int, inv_freq: torch.
     out.copies = [0] * length
     for c in chunks:
         for j in range(c.end - c.start):
-            before = cached.copies[c.source + j] if c.source + j < len(cached.copies) else 0
-            out.copies[c.start + j] = before + (c.start != c.source)
+            out.copies[c.start + j] = copied(cached.copies, c.source + j) + (c.start != c.source)
     for layer in range(cached.num_layers):
         keys, values = cached.keys[layer], cached.values[layer]
         out.keys[layer] = keys.new_zeros(*keys.shape[:-1], room)
