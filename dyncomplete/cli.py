@@ -16,7 +16,7 @@ from .models import ModelError
 EXTRAS = {
     "matplotlib": "bench", "rapidfuzz": "bench", "rouge_score": "bench", "sacrebleu": "bench", "httpx": "bench",
     "gymnasium": "train", "stable_baselines3": "train", "peft": "train",
-    "pynvml": "gpu", "llama_cpp": "reference",
+    "pynvml": "gpu", "llama_cpp": "reference", "ray": "cluster",
 }
 
 

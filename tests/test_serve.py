@@ -243,6 +243,30 @@ def test_200_concurrent_good_and_bad_requests(served, smollm):
     assert health(url)["prefix_cache"]["bytes"] <= 64 * 2**20
 
 
+@pytest.mark.model
+def test_metrics_count_a_completion_in_prometheus_form(served):
+    url, _ = served
+    wait_idle(url)
+
+    def samples() -> dict[str, float]:
+        r = httpx.get(f"{url}/metrics", headers=AUTH, timeout=30)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        lines = r.text.splitlines()
+        kinds = {line.split()[2]: line.split()[3] for line in lines if line.startswith("# TYPE ")}
+        values = {line.split()[0]: float(line.split()[1]) for line in lines if not line.startswith("#")}
+        assert set(kinds) == set(values) and {kinds[n] for n in kinds if n.endswith("_total")} == {"counter"}
+        return values
+
+    before = samples()
+    r = httpx.post(f"{url}/v1/completions", headers=AUTH, timeout=120,
+                   json={"model": MODEL, "prompt": "import sys\n", "max_tokens": 3, "temperature": 0})
+    after = samples()
+    assert after["dyncomplete_tokens_generated_total"] - before["dyncomplete_tokens_generated_total"] == \
+        r.json()["usage"]["completion_tokens"]
+    assert after["dyncomplete_prefix_cache_lookups_total"] == before["dyncomplete_prefix_cache_lookups_total"] + 1
+    assert httpx.get(f"{url}/metrics", timeout=30).status_code == 401  # behind the key, as every route
+
+
 def rss_mb(pid):
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024

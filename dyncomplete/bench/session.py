@@ -545,6 +545,14 @@ def client_cache_columns(results: list[dict]) -> dict:
             "background_requests": float(np.mean([r["background_requests"] for r in results]))}
 
 
+def prompt_reused_share(results: list[dict]) -> float | None:
+    """Of the prompt tokens of the pauses that asked a server, the share it took from its cache:
+    read from the answers, so it holds for any server and for replicas behind one address."""
+    known = [r for r in results if r["prompt_reused"] is not None and r["prompt_evaluated"] is not None]
+    total = sum(r["prompt_reused"] + r["prompt_evaluated"] for r in known)
+    return sum(r["prompt_reused"] for r in known) / total if total else None
+
+
 def summarise_editor(results: list[dict]) -> dict:
     """A row of the editor replay; time to first token is None for answers that are not streamed."""
     lat = np.array([r["latency_s"] for r in results]) * 1000
@@ -555,6 +563,7 @@ def summarise_editor(results: list[dict]) -> dict:
         "ttft_p50_ms": float(np.percentile(ttft, 50)) if len(ttft) else None,
         "ttft_p95_ms": float(np.percentile(ttft, 95)) if len(ttft) else None,
         **token_medians(results),
+        "prompt_reused_share": prompt_reused_share(results),
         "accepted": sum(r["accepted"] for r in results),
         "accepted_share": float(np.mean([r["accepted"] for r in results])),
         "es": float(np.mean([r["es"] for r in results])),

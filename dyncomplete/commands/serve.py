@@ -43,6 +43,7 @@ def run(args) -> int:
     from ..serve import Settings, create_app
     from ..serve.http import Limits, is_loopback, run_server
 
+    check_cluster_options(args)
     if args.max_tokens_limit > MAX_NEW_TOKENS_LIMIT:
         raise ValueError(f"--max-tokens-limit can be at most {MAX_NEW_TOKENS_LIMIT}")
     methods = method_list(args.methods, Settings.methods)
@@ -61,10 +62,27 @@ def run(args) -> int:
                         cache_reuse_copies=args.cache_reuse_copies,
                         client_memory=args.client_memory == "on",
                         ngram_cache=args.ngram_cache == "on")
+    if args.ray:
+        from ..serve.cluster import deploy
+
+        model_options = {"name": args.model, "dtype": args.dtype, "device": args.device, "quant": args.quant}
+        deploy(args.ray, args.replicas, args.max_replicas or args.replicas, args.routing, model_options, settings,
+               args.host, args.port, args.replica_cpus)
+        return 0
     model = load_from_args(args)
     app = create_app(model, settings)  # builds every allowed method: a bad one fails here, not at a request
     run_server(app, args.host, args.port, args.log_level, settings.limits)
     return 0
+
+
+def check_cluster_options(args) -> None:
+    cluster_only = [flag for flag, given in (("--replicas", args.replicas != 1), ("--max-replicas", args.max_replicas),
+                                             ("--routing", args.routing != "editor"),
+                                             ("--replica-cpus", args.replica_cpus != 1)) if given]
+    if cluster_only and not args.ray:
+        raise ValueError(f"{', '.join(cluster_only)} need --ray ADDRESS (a Ray cluster to deploy replicas on)")
+    if args.max_replicas and args.max_replicas < args.replicas:
+        raise ValueError(f"--max-replicas {args.max_replicas} is below --replicas {args.replicas}")
 
 
 def positive(kind, zero: bool = False):
@@ -128,5 +146,19 @@ def register(sub) -> None:
                         'with "ngram_cache": false); outputs are the same either way')
     p.add_argument("--max-connections", type=positive(int), default=256,
                    help="open connections; more are answered 503 at once")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="deploy on the Ray cluster at ADDRESS (e.g. 127.0.0.1:6379, or auto) with Ray Serve: "
+                        "replicas of the model behind the same HTTP API, each editor kept on one replica "
+                        "(needs the 'cluster' extra; see docs/serving.md)")
+    p.add_argument("--replicas", type=positive(int), default=1, help="--ray: model replicas (the minimum with "
+                   "--max-replicas)")
+    p.add_argument("--max-replicas", type=positive(int), default=None,
+                   help="--ray: scale between --replicas and this on ongoing requests per replica (target: --parallel)")
+    p.add_argument("--routing", default="editor", choices=["editor", "ray-default"],
+                   help="--ray: editor: each editor on its home replica (rendezvous hash of its sender, key and "
+                        "X-Client-Id), the less loaded of two others when it is full; ray-default: Ray Serve's "
+                        "own (the less loaded of two random replicas)")
+    p.add_argument("--replica-cpus", type=positive(int), default=1,
+                   help="--ray: CPUs each replica reserves, and its threads")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(run=run)

@@ -68,6 +68,9 @@ class ModelThread:
     def start(self) -> None:
         self._thread.start()
 
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         with self._cond:
             self._stopped = True

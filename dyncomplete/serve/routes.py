@@ -1,4 +1,4 @@
-"""The server's own routes: the playground page, `/health`, and OpenAI's `/v1/models`,
+"""The server's own routes: the playground page, `/health`, `/metrics` (Prometheus), and OpenAI's `/v1/models`,
 `/v1/completions` and `/v1/chat/completions` (one completion, whole or as server-sent events
 ending in `[DONE]`)."""
 
@@ -9,8 +9,9 @@ import uuid
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, PlainTextResponse
 
+from . import metrics
 from .chat import chat_body, chat_chunk, openai_body, parse_chat
 from .http import read_json
 from .jobs import answer
@@ -49,6 +50,11 @@ async def health(request: Request):
                              **vars(cache.counters)},
             "client_files": {"clients": len(files), "bytes": files.nbytes} if files else None,
             "ngram_cache": {"clients": len(history), "tokens": history.total_tokens} if history else None}
+
+
+@router.get("/metrics")
+async def prometheus_metrics(request: Request):
+    return PlainTextResponse(metrics.prometheus_text(server_of(request)), media_type="text/plain; version=0.0.4")
 
 
 @router.get("/v1/models")

@@ -121,6 +121,10 @@ class Worker:
         for thread in self._slots:
             thread.start()
 
+    def alive(self) -> bool:
+        """Whether every slot thread (and the model thread, with --parallel) still runs."""
+        return all(t.is_alive() for t in self._slots) and (self.model_thread is None or self.model_thread.alive())
+
     def stop(self) -> None:
         with self._lock:
             running = list(self._running)
@@ -154,9 +158,9 @@ class Worker:
                     older.cancel("superseded")
                 self._latest[job.client_id] = job
 
-    def _count(self, key: str) -> None:
+    def _count(self, key: str, amount: int = 1) -> None:
         with self._lock:
-            self.counts[key] += 1
+            self.counts[key] += amount
 
     def status(self) -> dict:
         with self._lock:
@@ -255,6 +259,8 @@ class Worker:
             self.prefix_cache.store(prompt.ids[: result.stats.prompt_tokens], cache)
         stopped_by = job.reason if result.stats.stopped_by == "cancelled" else result.stats.stopped_by
         self._count(f"stopped_{stopped_by}")
+        self._count("tokens_generated", result.stats.new_tokens)
+        self._count("prompt_tokens_evaluated", result.stats.prompt_tokens - result.stats.cached_prompt_tokens)
         truncated = prompt.truncated or job.clipped
         notices = [n for n in (prompt.notice, "the prompt was cut to the context budget "
                                f"({budget} tokens, from the start)" if truncated else "") if n]

@@ -1,0 +1,210 @@
+"""`dyncomplete serve --ray ADDRESS`: the same HTTP API on a Ray cluster, with Ray Serve.
+
+- `Engine`, N replicas (or autoscaled on ongoing requests): each loads the model and runs
+  `create_app`'s app, the one a single server runs, with its own prefix cache, file memory and
+  n-gram history.
+- `Front`, one replica that reserves no CPU: Ray Serve's HTTP ingress. It carries each request
+  to an `Engine` replica (`forward.py`) and streams the answer back; it answers `/health` with the
+  replicas' states itself.
+- `EditorAffinityRouter`, Ray Serve's request-router API on `Engine`'s handle: each editor
+  (`jobs.editor_of`: sender, key and X-Client-Id) has a home replica, by rendezvous hashing of its
+  key over the running replicas, so that its caches stay useful and only a lost replica's editors
+  move. A home replica at `max_ongoing_requests` sends the request to the less loaded of two others.
+- A replica that dies before the first byte of an answer has gone out: the request is sent once
+  more, to another replica.
+- Each replica exports `metrics.py`'s figures through Ray's metrics agent (Prometheus, tagged
+  with the replica).
+"""
+
+import hashlib
+import hmac
+import random
+import signal
+import sys
+import time
+
+import ray
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from ray import serve
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from . import metrics
+from .app import create_app, error_response
+from .forward import ForwardedRequest, forwarded, run_asgi
+from .request import ApiError
+from .state import Settings
+
+APP_NAME = "dyncomplete"
+ROUTERS = {"editor": "dyncomplete.serve.cluster:EditorAffinityRouter",
+           "ray-default": None}  # Ray Serve's own: the less loaded of two random replicas
+REPLICA_LOST = (RayActorError, ActorUnavailableError)
+
+
+def rendezvous(key: str, replicas: list[RunningReplica]) -> list[RunningReplica]:
+    """The replicas in the key's order of preference: highest hash of (key, replica) first, so a
+    replica's loss or arrival moves only the keys whose first choice it is."""
+    def weight(replica: RunningReplica) -> bytes:
+        return hashlib.blake2b(f"{key}|{replica.replica_id.unique_id}".encode(), digest_size=8).digest()
+    return sorted(replicas, key=weight, reverse=True)
+
+
+class EditorAffinityRouter(RequestRouter):
+    """Home replica first; when it is full, the less loaded of two of the others (Ray Serve
+    tries the ranks in order and takes the least loaded replica of a rank that has room)."""
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        request = pending_request.args[0] if pending_request and pending_request.args else None
+        if not isinstance(request, ForwardedRequest):
+            return [candidate_replicas]
+        home, *others = rendezvous(request.editor, candidate_replicas)
+        return [[home], random.sample(others, min(2, len(others)))]
+
+
+class ExportedMetrics:
+    """`metrics.py`'s figures as Ray Serve metrics (tagged with deployment and replica);
+    counters advance by what their totals grew since the last update."""
+
+    def __init__(self):
+        from ray.serve.metrics import Counter, Gauge
+
+        self.meters = {name: (Counter if kind == "counter" else Gauge)(name, description=text)
+                       for name, (kind, text, _) in metrics.METRICS.items()}
+        self.last = dict.fromkeys(metrics.METRICS, 0.0)
+
+    def update(self, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            if metrics.METRICS[name][0] == "counter":
+                if value > self.last[name]:
+                    self.meters[name].inc(value - self.last[name])
+            else:
+                self.meters[name].set(value)
+            self.last[name] = value
+
+
+class Engine:
+    """One replica: the model and the single-server app around it."""
+
+    async def __init__(self, model_options: dict, settings: Settings, threads: int):
+        import torch
+
+        from ..models import load
+
+        torch.set_num_threads(threads)
+        self.app = create_app(load(**model_options), settings)
+        self.lifespan = self.app.router.lifespan_context(self.app)
+        await self.lifespan.__aenter__()  # starts the worker, as uvicorn would
+        self.replica = serve.get_replica_context().replica_id.unique_id.encode()
+        self.exported = ExportedMetrics()
+        self.exported.update(metrics.values(self.app.state.server))
+
+    async def __call__(self, request: ForwardedRequest):
+        """The app's messages; the answer's head names this replica (X-Dyncomplete-Replica)."""
+        try:
+            async for message in run_asgi(self.app, request):
+                if message["type"] == "http.response.start":
+                    message = message | {"headers": [*message["headers"], (b"x-dyncomplete-replica", self.replica)]}
+                yield message
+        finally:
+            self.exported.update(metrics.values(self.app.state.server))
+
+    def check_health(self) -> None:
+        if not self.app.state.server.worker.alive():
+            raise RuntimeError("a worker thread has stopped")
+
+    def __del__(self):  # Ray Serve's graceful stop of a replica
+        self.app.state.server.worker.stop()
+
+
+front = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+
+@serve.ingress(front)
+class Front:
+    """The HTTP ingress: every route of the single server, carried to a replica."""
+
+    def __init__(self, engine, settings: Settings):
+        self.engine, self.settings = engine, settings
+
+    def check_key(self, request: Request) -> None:
+        given = request.headers.get("authorization", "")
+        key = self.settings.api_key
+        if key and not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+
+    @front.get("/health")
+    async def health(self, request: Request):
+        try:
+            self.check_key(request)
+        except ApiError as exc:
+            return error_response(exc)
+        deployment = serve.status().applications[APP_NAME].deployments["Engine"]
+        return {"status": "ok", "cluster": True, "replicas": {str(state): n for state, n in
+                                                              deployment.replica_states.items()}}
+
+    @front.get("/metrics")
+    async def metrics(self):
+        return error_response(ApiError(404, "on a cluster each replica's figures are exported by Ray's metrics agent "
+                                            "on its node (ray_dyncomplete_*; see docs/serving.md)", code="not_found"))
+
+    @front.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"])
+    async def forward(self, request: Request):
+        try:
+            carried = await forwarded(request, self.settings.max_body_bytes)
+            return await self.answer(carried)
+        except ApiError as exc:
+            return error_response(exc)
+
+    async def answer(self, request: ForwardedRequest) -> Response:
+        """The replica's answer; sent again to another replica once if the first one is lost
+        before the answer's first body chunk."""
+        for attempt in range(2):
+            messages = self.engine.options(stream=True).remote(request)
+            try:
+                start = await messages.__anext__()
+                first = await messages.__anext__()
+                break
+            except REPLICA_LOST:
+                if attempt:
+                    raise ApiError(503, "the model replica was lost twice; try again", code="replica_lost",
+                                   kind="server_error") from None
+        if not first.get("more_body"):
+            response = Response(first.get("body", b""), status_code=start["status"])
+        else:
+            async def rest():
+                yield first.get("body", b"")
+                async for message in messages:
+                    yield message.get("body", b"")
+            response = StreamingResponse(rest(), status_code=start["status"])
+        response.raw_headers = list(start["headers"])
+        return response
+
+
+def deploy(address: str, replicas: int, max_replicas: int, routing: str, model_options: dict,
+           settings: Settings, host: str, port: int, threads: int) -> None:
+    """Run the application on the cluster at `address` until interrupted, then delete it."""
+    ray.init(address=address, logging_level="ERROR")
+    router = ROUTERS[routing]
+    options = ({"num_replicas": replicas} if max_replicas <= replicas else
+               {"autoscaling_config": {"min_replicas": replicas, "max_replicas": max_replicas,
+                                       "target_ongoing_requests": settings.parallel}})
+    if router:
+        options["request_router_config"] = {"request_router_class": router}
+    engine = serve.deployment(Engine, ray_actor_options={"num_cpus": threads},
+                              max_ongoing_requests=2 * settings.parallel, health_check_period_s=5, **options)
+    ingress = serve.deployment(Front, num_replicas=1, ray_actor_options={"num_cpus": 0})
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(ingress.bind(engine.bind(model_options, settings, threads), settings), name=APP_NAME, route_prefix="/")
+    print(f"dyncomplete: serving on http://{host}:{port} through Ray Serve at {address}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated server deletes its application too
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.delete(APP_NAME)
