@@ -90,3 +90,21 @@ def test_reused_chunks_give_layer_zero_keys_of_a_full_prefill_and_the_gaps_run(s
     model.forward(torch.tensor(inserted), alone)
     assert torch.equal(kv.keys[5][..., gap], alone.keys[5][..., gap])  # it attended to the prefix only
     assert len(result.token_ids) == 4
+
+
+@pytest.mark.model
+def test_an_editor_reuses_its_own_moved_suffix_after_another_editors_prompt(smollm_bf16):
+    """A server shared by two editors takes turns: the most recent prompt is the other editor's."""
+    model = smollm_bf16
+    source = inspect.getsource(layered)
+    mine = model.tokenizer(source[:1500], add_special_tokens=False).input_ids
+    theirs = model.tokenizer(source[-1500:], add_special_tokens=False).input_ids
+    inserted = model.tokenizer("\nvalue = compute(1, 2)\n", add_special_tokens=False).input_ids
+    cut = len(mine) // 2
+    cache = PrefixCache(2**28, min_chunk=16, inv_freq=shift_frequencies(model))
+    for ids in (mine, theirs):  # mine first, then the other editor's
+        kv = model.new_cache()
+        model.forward(torch.tensor(ids), kv)
+        assert cache.store(ids, kv)
+    kv, reused = cache.lookup(mine[:cut] + inserted + mine[cut:])
+    assert reused == len(mine) and kv.holes == [(cut, cut + len(inserted))]

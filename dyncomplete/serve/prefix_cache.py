@@ -7,9 +7,9 @@ there), so a reused cache gives exactly the output of a fresh prefill. Memory is
 bytes, evicting the least recently used entry; an entry whose prompt starts a newer one is
 dropped, as the newer one serves every request the older one could.
 
-With `min_chunk` (and the model's rotary frequencies), a lookup also reuses later runs of the
-most recent prompt at new positions (chunk_reuse.py): an approximation, off with 0. A position
-copied `copy_limit` times is prefilled again (0: no limit).
+With `min_chunk` (and the model's rotary frequencies), a lookup also reuses later runs of one of
+the most recently used prompts at new positions (chunk_reuse.py), the one that gives the most:
+an approximation, off with 0. A position copied `copy_limit` times is prefilled again (0: no limit).
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import islice
 
 from ..models import KVCache
 from ..models.fast import SPAN
 from .chunk_reuse import assemble, plan_chunks, split_stale
+
+RECENT_PROMPTS = 8  # prompts chunk reuse plans against (about 1 ms each for 1,000 tokens)
 
 
 def common_prefix_length(a: tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
@@ -76,15 +79,11 @@ class PrefixCache:
                 if n > best:
                     best_key, best = key, n
             chunks = []
-            if self.min_chunk and self._entries:
-                recent = next(reversed(self._entries))
-                chunks = plan_chunks(recent, ids, self.min_chunk)
-                if self.copy_limit:
-                    chunks = split_stale(chunks, self._entries[recent].copies, self.copy_limit, self.min_chunk)
-                if sum(c.end - c.start for c in chunks) > best:
-                    best_key = recent
-                else:
-                    chunks = []
+            if self.min_chunk:
+                reused, recent, plan = max((self._reused_by(key, ids) for key in self._recent()),
+                                           default=(0, None, []), key=lambda c: c[0])  # ties: the most recent
+                if reused > best:
+                    best_key, chunks = recent, plan
             if best_key is None:
                 return None, 0
             self._entries.move_to_end(best_key)
@@ -96,6 +95,18 @@ class PrefixCache:
         if chunks:
             return assemble(source, chunks, len(ids), self.inv_freq, -(-len(ids) // SPAN) * SPAN), reused
         return source.copy(best), best
+
+    def _recent(self) -> list[tuple[int, ...]]:
+        """The prompts chunk reuse plans against: the most recently used, one per editor that a
+        server shared by a few editors took turns with (the last alone would be another editor's)."""
+        return list(islice(reversed(self._entries), RECENT_PROMPTS))
+
+    def _reused_by(self, key: tuple[int, ...], ids: list[int]) -> tuple[int, tuple[int, ...], list]:
+        """(tokens reused, key, chunks) of `ids` planned against the entry `key`."""
+        chunks = plan_chunks(key, ids, self.min_chunk)
+        if self.copy_limit:
+            chunks = split_stale(chunks, self._entries[key].copies, self.copy_limit, self.min_chunk)
+        return sum(c.end - c.start for c in chunks), key, chunks
 
     def store(self, ids: list[int], cache: KVCache) -> bool:
         """Keep the first len(ids) positions of `cache` (which must hold them in every layer)."""
