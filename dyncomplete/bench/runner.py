@@ -4,14 +4,18 @@ Methods run one after the other on each example (A, B on example 1, then A, B on
 that a noisy machine's drift hits all of them alike. Before timing, each method completes a few
 tokens once (warm-up: first-call allocations, lazy initialisation). Each result is one line of
 `examples.jsonl`, written and flushed at once; a rerun with the same --out skips the (id, method)
-pairs already there, so an interrupted run resumes where it stopped.
+pairs already there, so an interrupted run resumes where it stopped. On Ray (`cluster.py`),
+examples are spread over actors, each running the same `Runner` on its own copy of the model:
+the round-robin holds within each example, and the lines arrive in the order examples finish.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from ..data.datasets import Dataset, program
 from ..engine import Stats, build_prompt
@@ -95,43 +99,84 @@ def record_of(example, name, completion, prompt, measurement, model, has_tests, 
     }
 
 
-def run_bench(model, dataset: Dataset, method_names: list[str], out: Path, meter, config: dict,
-              context_budget: int = 1024, progress: bool = True, repo_context: bool = True,
-              editor_guards: bool = False, cursor_line: str = "middle") -> list[dict]:
-    """Run what examples.jsonl lacks; return every result of these methods on these examples.
-    `editor_guards`: each completion ends where the server's guards for that cursor end it;
-    `cursor_line`: where a FIM prompt puts the cursor line (prompts.CURSOR_LINES)."""
+@dataclass(frozen=True)
+class Setup:
+    """How an example becomes a prompt and its generation parameters, the same locally and on Ray:
+    `editor_guards` ends each completion where the server's guards for that cursor end it;
+    `cursor_line` is where a FIM prompt puts the cursor line (prompts.CURSOR_LINES)."""
+    context_budget: int = 1024
+    repo_context: bool = True
+    editor_guards: bool = False
+    cursor_line: str = "middle"
+
+
+class Runner:
+    """The methods built on one model, with the bytes each one's step reads, run example by example."""
+
+    def __init__(self, model, method_names: list[str], meter, setup: Setup):
+        self.model, self.meter, self.setup = model, meter, setup
+        self.methods = {name: make_method(name, model) for name in method_names}
+        # weights one decode step reads; a reference engine with weights of its own says what it reads
+        self.read_bytes = {name: m.weight_bytes() if hasattr(m, "weight_bytes") else model.weight_bytes_per_token()
+                           for name, m in self.methods.items()}
+        self.warm = False
+
+    def describe(self) -> dict:
+        """What was loaded and how it is measured: the run's config and header keys."""
+        import torch
+
+        return {"model": self.model.name, "dtype": str(self.model.dtype).removeprefix("torch."),
+                "quant": self.model.quant, "threads": torch.get_num_threads(), "energy_source": self.meter.source,
+                "energy_formula": self.meter.formula}
+
+    def records(self, example: dict, names: list[str], dataset_params, has_tests: bool) -> Iterator[dict]:
+        """Each named method on the example, in turn (warmed up before the first timed one)."""
+        setup = self.setup
+        prompt = prompt_of(self.model, example, setup.context_budget, setup.repo_context, setup.cursor_line)
+        if not self.warm:
+            warm = dataclasses.replace(dataset_params, max_new_tokens=min(WARMUP_TOKENS, dataset_params.max_new_tokens))
+            for method in self.methods.values():
+                method.generate(self.model, prompt.ids, warm)
+            self.warm = True
+        params = dataset_params
+        if setup.editor_guards:
+            params = dataclasses.replace(params, editor=EditorGuards.for_cursor(example["input"], example.get("suffix")))
+        for name in names:
+            with self.meter.measure() as m:
+                completion = self.methods[name].generate(self.model, prompt.ids, params)
+            yield record_of(example, name, completion, prompt, m, self.model, has_tests, self.read_bytes[name])
+
+
+def pending_by_example(dataset: Dataset, method_names: list[str], out: Path) -> list[tuple[dict, list[str]]]:
+    """The examples with the methods examples.jsonl lacks for them, in dataset order."""
+    done = {(r["id"], r["method"]) for r in read_results(out)}
+    pending = [(ex, [n for n in method_names if (str(ex["id"]), n) not in done]) for ex in dataset.examples]
+    return [(ex, names) for ex, names in pending if names]
+
+
+def local_records(runner: Runner, pending, dataset: Dataset) -> Iterator[dict]:
+    for example, names in pending:
+        yield from runner.records(example, names, dataset.params, dataset.has_tests)
+
+
+def run_bench(dataset: Dataset, method_names: list[str], out: Path, config: dict, produce, progress: bool = True
+              ) -> list[dict]:
+    """Run what examples.jsonl lacks and return every result of these methods on these examples.
+    `produce(pending)` yields the records of the pending (example, method names) pairs, in any
+    order: `local_records` on this machine's model, or `bench.cluster.ray_records` on Ray actors."""
     out = Path(out)
     if dataset.has_tests:
         usable_bwrap()  # refuse before any generation, not at the first example's tests
     check_run(out, config)
-    done = {(r["id"], r["method"]) for r in read_results(out)}
-    methods = {name: make_method(name, model) for name in method_names}
-    # weights one decode step reads; a reference engine with weights of its own says what it reads
-    read_bytes = {name: m.weight_bytes() if hasattr(m, "weight_bytes") else model.weight_bytes_per_token()
-                  for name, m in methods.items()}
-    pending = [(ex, name) for ex in dataset.examples for name in method_names if (str(ex["id"]), name) not in done]
-    if pending:
-        _warm_up(model, methods, dataset, context_budget, repo_context, cursor_line)
-    with open(out / EXAMPLES, "a", encoding="utf-8") as sink, _progress(len(pending), progress) as bar:
-        last = None
-        for example, name in pending:
-            key = str(example["id"])
-            if key != last:  # pending is ordered by example: one prompt (and cursor) per example
-                prompt = prompt_of(model, example, context_budget, repo_context, cursor_line)
-                params = dataset.params
-                if editor_guards:
-                    guards = EditorGuards.for_cursor(example["input"], example.get("suffix"))
-                    params = dataclasses.replace(params, editor=guards)
-                last = key
-            with meter.measure() as m:
-                completion = methods[name].generate(model, prompt.ids, params)
-            record = record_of(example, name, completion, prompt, m, model, dataset.has_tests, read_bytes[name])
+    pending = pending_by_example(dataset, method_names, out)
+    with open(out / EXAMPLES, "a", encoding="utf-8") as sink, \
+            _progress(sum(len(names) for _, names in pending), progress) as bar:
+        for record in produce(pending):
             sink.write(json.dumps(record) + "\n")
             sink.flush()
-            bar(f"{key} {name}")
+            bar(f"{record['id']} {record['method']}")
     ids = {str(ex["id"]) for ex in dataset.examples}
-    return [r for r in read_results(out) if r["id"] in ids and r["method"] in methods]
+    return [r for r in read_results(out) if r["id"] in ids and r["method"] in method_names]
 
 
 def prompt_of(model, example: dict, context_budget: int, repo_context: bool, cursor_line: str = "middle"):
@@ -142,14 +187,6 @@ def prompt_of(model, example: dict, context_budget: int, repo_context: bool, cur
         context = RepoContext.from_records(example["extra"], example.get("path", ""), example.get("repo", ""))
     return build_prompt(model.tokenizer, example["input"], example.get("suffix"), context_budget, context,
                         cursor_line=cursor_line)
-
-
-def _warm_up(model, methods, dataset, context_budget, repo_context, cursor_line) -> None:
-    example = dataset.examples[0]
-    prompt = prompt_of(model, example, context_budget, repo_context, cursor_line)
-    params = dataclasses.replace(dataset.params, max_new_tokens=min(WARMUP_TOKENS, dataset.params.max_new_tokens))
-    for method in methods.values():
-        method.generate(model, prompt.ids, params)
 
 
 class _progress:

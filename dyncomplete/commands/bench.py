@@ -34,34 +34,32 @@ def method_list(methods: str, sweeps: list[str]) -> tuple[list[str], dict[str, l
 
 
 def run(args) -> int:
-    import torch
-
     from ..bench.bandwidth import machine_bandwidth
     from ..bench.plots import plot_drafting, plot_exit_energy, plot_sweeps, plot_tradeoff
     from ..data.datasets import load_dataset
     from ..paths import cpu_name
     from ..bench.report import render
-    from ..bench.runner import run_bench
+    from ..bench.runner import Setup, run_bench
     from ..bench.summary import summarize
-    from ..energy import open_meter
 
+    if (args.actors != 1 or args.actor_cpus != 1) and not args.ray:
+        raise ValueError("--actors and --actor-cpus need --ray ADDRESS")
     names, sweeps = method_list(args.methods, args.sweep or [])
     dataset = load_dataset(args.dataset, args.limit)
-    model = load_from_args(args)
-    meter = open_meter(args.device)
+    setup = Setup(args.context_budget, args.repo_context == "on", args.editor_guards == "on", args.cursor_line)
+    loaded, produce = (ray_producer if args.ray else local_producer)(args, names, setup, dataset)
     out = Path(args.out)
-    dtype = str(model.dtype).removeprefix("torch.")
-    config = {"model": model.name, "dataset": dataset.name, "dtype": dtype, "quant": model.quant,
+    config = {"model": loaded["model"], "dataset": dataset.name, "dtype": loaded["dtype"], "quant": loaded["quant"],
               "device": args.device, "context_budget": args.context_budget, "repo_context": args.repo_context,
               "editor_guards": args.editor_guards, "cursor_line": args.cursor_line}
-    records = run_bench(model, dataset, names, out, meter, config, args.context_budget, progress=not args.no_progress,
-                        repo_context=args.repo_context == "on", editor_guards=args.editor_guards == "on",
-                        cursor_line=args.cursor_line)
+    records = run_bench(dataset, names, out, config, produce, progress=not args.no_progress)
     header = {**config, "command": shlex.join(["dyncomplete", *sys.argv[1:]]),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
-              "threads": torch.get_num_threads(), "memory_bandwidth_gbs": machine_bandwidth(),
-              "energy_source": meter.source, "energy_formula": meter.formula,
+              "threads": loaded["threads"], "memory_bandwidth_gbs": machine_bandwidth(),
+              "energy_source": loaded["energy_source"], "energy_formula": loaded["energy_formula"],
               "dataset_notes": dataset.notes, "sweeps": sweeps}
+    if args.ray:
+        header["ray"] = {"address": args.ray, "actors": args.actors, "cpus_per_actor": args.actor_cpus}
     summary = summarize(records, names, header)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plots = [plot_tradeoff(summary, "decode_ms_per_token", out / "quality_vs_time.png").name,
@@ -76,6 +74,24 @@ def run(args) -> int:
     print(json.dumps(summary, indent=2) if args.json else report)
     print(f"dyncomplete: results in {out}/", file=sys.stderr)
     return 0
+
+
+def local_producer(args, names, setup, dataset):
+    """The model loaded here, and `run_bench`'s producer on it."""
+    from ..bench.runner import Runner, local_records
+    from ..energy import open_meter
+
+    runner = Runner(load_from_args(args), names, open_meter(args.device), setup)
+    return runner.describe(), lambda pending: local_records(runner, pending, dataset)
+
+
+def ray_producer(args, names, setup, dataset):
+    """--actors copies of the model on the Ray cluster, and `run_bench`'s producer on them."""
+    from ..bench.cluster import ray_records, start_actors
+
+    model_options = {"name": args.model, "dtype": args.dtype, "device": args.device, "quant": args.quant}
+    actors, loaded = start_actors(args.ray, args.actors, args.actor_cpus, model_options, names, setup)
+    return loaded, ray_records(actors, dataset)
 
 
 def register(sub) -> None:
@@ -101,6 +117,11 @@ def register(sub) -> None:
     p.add_argument("--editor-guards", default="off", choices=["on", "off"],
                    help="end each completion where the server's editor guards would (single line when text "
                         "follows the cursor, a repeat of the suffix's first line, bracket balance)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="spread the examples over actors on the Ray cluster at ADDRESS, a model each (the "
+                        "'cluster' extra); the records are a local run's, written in the order examples finish")
+    p.add_argument("--actors", type=int, default=1, help="--ray: actors, each with its own copy of the model")
+    p.add_argument("--actor-cpus", type=int, default=1, help="--ray: CPUs (and threads) each actor reserves")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
