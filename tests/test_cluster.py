@@ -1,8 +1,11 @@
-"""`dyncomplete serve --ray`: two replicas of SmolLM2 on a real two-node Ray cluster that the tests
-start on this machine (Ray's `cluster_utils.Cluster`: a head and a second node, one CPU each, each
-its own raylet), the server as the CLI runs it. Answers are the single server's; each editor stays
-on its replica; editors replay at once; a replica killed mid-request loses nothing."""
+"""`dyncomplete serve --ray` and `bench --ray` on a real two-node Ray cluster that the tests start on
+this machine (Ray's `cluster_utils.Cluster`: a head and a second node, each its own raylet, two
+logical CPUs each), the server as the CLI runs it, two replicas of SmolLM2. Answers are the single
+server's; each editor stays on its replica; editors replay at once; a bench on Ray writes a local
+run's predictions; a replica killed mid-request loses nothing. And the routing's hashing alone."""
 
+import json
+import subprocess
 import sys
 import threading
 import time
@@ -17,8 +20,6 @@ from dyncomplete.methods.baseline import Baseline
 
 ray = pytest.importorskip("ray", reason="the 'cluster' extra (Ray Serve) is not installed")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
-
-pytestmark = pytest.mark.model
 
 MODEL = "smollm2-135m"
 AUTH = {"Authorization": f"Bearer {SERVE_KEY}", "Content-Type": "application/json"}
@@ -39,9 +40,10 @@ def wait_for_replicas(url: str, timeout_s: float = 240) -> None:
 @pytest.fixture(scope="module")
 def cluster():
     """(base URL, GCS address) of `dyncomplete serve --ray` with two replicas on a two-node cluster."""
-    nodes = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    # two logical CPUs a node: a replica each, and a bench actor each beside them
+    nodes = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     try:
-        nodes.add_node(num_cpus=1)
+        nodes.add_node(num_cpus=2)
         port = free_port()
         cmd = [sys.executable, "-m", "dyncomplete", "serve", "--model", MODEL, "--dtype", "float32",
                "--api-key", SERVE_KEY, "--ray", nodes.address, "--replicas", str(REPLICAS), "--port", str(port)]
@@ -59,6 +61,23 @@ def infill(url: str, editor: str, prefix: str, n_predict: int = 8) -> httpx.Resp
     return r
 
 
+def test_rendezvous_moves_only_a_lost_replicas_editors():
+    from types import SimpleNamespace
+
+    from dyncomplete.serve.cluster import rendezvous
+
+    replicas = [SimpleNamespace(replica_id=SimpleNamespace(unique_id=f"r{i}")) for i in range(4)]
+    editors = [f"127.0.0.1|key|editor-{k}" for k in range(400)]
+    home = {e: rendezvous(e, replicas)[0] for e in editors}
+    assert all(rendezvous(e, replicas[::-1])[0] is home[e] for e in editors)  # the order given does not matter
+    assert 70 < min(sum(h is r for h in home.values()) for r in replicas)  # about 100 each
+    lost = replicas[1]
+    after = {e: rendezvous(e, [r for r in replicas if r is not lost])[0] for e in editors}
+    assert all(after[e] is home[e] for e in editors if home[e] is not lost)
+    assert all(after[e] is rendezvous(e, replicas)[1] for e in editors if home[e] is lost)  # to its second choice
+
+
+@pytest.mark.model
 def test_answers_are_the_single_servers_streamed_and_not(cluster, smollm):
     url, _ = cluster
     prompt = "def add(a, b):\n"
@@ -73,6 +92,7 @@ def test_answers_are_the_single_servers_streamed_and_not(cluster, smollm):
     assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 401  # the key is checked
 
 
+@pytest.mark.model
 def test_each_editor_stays_on_one_replica_and_editors_spread(cluster):
     url, _ = cluster
     homes = {}
@@ -83,6 +103,7 @@ def test_each_editor_stays_on_one_replica_and_editors_spread(cluster):
     assert len(set(homes.values())) == REPLICAS
 
 
+@pytest.mark.model
 def test_editors_replaying_at_once(cluster):
     from pathlib import Path
 
@@ -97,6 +118,29 @@ def test_editors_replaying_at_once(cluster):
     assert summarise_editor(results)["prompt_reused_share"] > 0  # the editors' later pauses hit their replica's cache
 
 
+@pytest.mark.model
+def test_bench_on_ray_writes_a_local_runs_predictions_and_resumes(cluster, tmp_path):
+    _, address = cluster
+
+    def bench(out, *extra):
+        cmd = [sys.executable, "-m", "dyncomplete", "bench", "--model", MODEL, "--dtype", "float32", "--dataset",
+               "line-py", "--limit", "4", "--methods", "lookup,early-exit:confidence@0.9", "--context-budget", "256",
+               "--no-progress", "--json", "--out", str(out), *extra]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return {(r["id"], r["method"]): r["prediction"] for r in map(json.loads, (out / "examples.jsonl").open())}
+
+    local = bench(tmp_path / "local")
+    on_ray = bench(tmp_path / "ray", "--ray", address, "--actors", "2")
+    assert on_ray == local and len(local) == 4 * 3
+    lines = (tmp_path / "ray" / "examples.jsonl").read_text().splitlines()
+    (tmp_path / "ray" / "examples.jsonl").write_text("\n".join(lines[:-2]) + "\n")  # two results lost: run again
+    assert bench(tmp_path / "ray", "--ray", address, "--actors", "2") == local
+    summary = json.loads((tmp_path / "ray" / "summary.json").read_text())
+    assert summary["ray"]["actors"] == 2 and summary["n"] == 4
+
+
+@pytest.mark.model
 def test_a_replica_killed_mid_request_loses_nothing(cluster):
     url, address = cluster
     home = infill(url, "editor-kill", "def f():\n").headers["x-dyncomplete-replica"]

@@ -71,3 +71,16 @@ def test_missing_extra_is_one_line_naming_it(monkeypatch, capsys, tmp_path):
     assert rc == 2 and err.count("\n") == 1
     assert "install the 'bench' extra (pip install 'dyncomplete[bench]')" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_cluster_options_need_ray_and_ray_needs_its_extra(monkeypatch, capsys, tmp_path):
+    assert main(["serve", "--replicas", "2"]) == 2
+    assert "--replicas need --ray ADDRESS" in capsys.readouterr().err
+    assert main(["bench", "--dataset", "line-py", "--actors", "2", "--out", str(tmp_path / "out")]) == 2
+    assert "--actors and --actor-cpus need --ray ADDRESS" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ray", None)
+    monkeypatch.delitem(sys.modules, "dyncomplete.serve.cluster", raising=False)
+    assert main(["serve", "--ray", "127.0.0.1:6379", "--replicas", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "install the 'cluster' extra (pip install 'dyncomplete[cluster]')" in err
+    assert not (tmp_path / "out").exists()

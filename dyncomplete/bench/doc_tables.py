@@ -122,6 +122,8 @@ SESSION_COLUMNS = {
     "per_s": Column("completions per s", "completions_per_s", _fixed(2)),
     "batch_p50": Column("sequences per batched call (median)", "batch_p50", _fixed(0)),
     "cache_hits": Column("prefix-cache hits", "prefix_cache_hit_share", _pct),
+    "prompt_from_cache": Column("prompt tokens from a cache", "prompt_reused_share", _pct),
+    "results": Column("results file", lambda r: f"`{r['file']}`", align="---"),
 }
 SESSION_DEFAULT = ("model", "method", "row", "n", "p50", "p95", "ttft_p50", "cached", "exact")
 
@@ -217,7 +219,7 @@ def render_session(sources, column_names) -> list[str]:
         if unknown:
             raise ValueError(f"{path}: no row {', '.join(unknown)}")
         notes.append(_provenance(session_command(report), report, bool(report.get("command"))))
-        rows += [{**report["rows"][n], "row": n, "run": report} for n in names]
+        rows += [{**report["rows"][n], "row": n, "run": report, "file": path.name} for n in names]
     columns = [SESSION_COLUMNS[c] for c in column_names or SESSION_DEFAULT]
     return notes + [""] + _table(columns, rows)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ import numpy as np
 
 from . import llama_vim
 from .llama_vim import indent_of
+from ..serve.forward import REPLICA_HEADER
 from .metrics import edit_similarity
 
 CONTEXT_FILE_BYTES = 256 * 2**10  # a sibling file larger than this is not sent
@@ -335,7 +337,7 @@ def post_infill(http: httpx.Client, endpoint: str, request: Request) -> dict:
     evaluated = answer_field(data, "timings/prompt_n")
     return {"latency_s": latency, "ttft_s": None, "text": data["content"], "prompt_evaluated": evaluated,
             "prompt_reused": answer_field(data, "tokens_evaluated") - evaluated,
-            "generated": answer_field(data, "timings/predicted_n")}
+            "generated": answer_field(data, "timings/predicted_n"), "replica": r.headers.get(REPLICA_HEADER)}
 
 
 def post_ollama(http: httpx.Client, endpoint: str, request: Request) -> dict:
@@ -355,7 +357,8 @@ def post_ollama(http: httpx.Client, endpoint: str, request: Request) -> dict:
     stats = final["dyncomplete"]
     return {"latency_s": latency, "ttft_s": first if first is not None else latency, "text": text,
             "prompt_evaluated": stats["prompt_tokens"] - stats["cached_prompt_tokens"],
-            "prompt_reused": stats["cached_prompt_tokens"], "generated": stats["new_tokens"]}
+            "prompt_reused": stats["cached_prompt_tokens"], "generated": stats["new_tokens"],
+            "replica": r.headers.get(REPLICA_HEADER)}
 
 
 class Pauses:
@@ -406,7 +409,7 @@ class LlamaVimPauses(Pauses):
             answer = self.ask(http, endpoint, here, extra, llama_vim.FIRST_PREDICT_MS)
         else:
             answer = {"latency_s": time.perf_counter() - started, "ttft_s": None, "text": cached,
-                      "prompt_evaluated": None, "prompt_reused": None, "generated": None}
+                      "prompt_evaluated": None, "prompt_reused": None, "generated": None, "replica": None}
         started, sent = time.perf_counter(), 0
         accepted = llama_vim.shown_lines(answer["text"], cursor.typed, lines, y)
         after = llama_vim.local_context(lines, y, cursor.typed, accepted, self.last_indent)
@@ -519,7 +522,7 @@ def replay_editors(url: str, model: str, client: str, cursors: list[Cursor], n_p
 
     def editor(k: int) -> list[dict]:
         own = (headers or {}) | ({"X-Client-Id": f"editor-{k}"} if editors > 1 else {})
-        return replay_editor(url, model, client, groups[k], n_predict, own, tick)
+        return [r | {"editor": k} for r in replay_editor(url, model, client, groups[k], n_predict, own, tick)]
 
     with httpx.Client(headers=headers or {}, timeout=60) as http:
         before = server_counters(http, url)
@@ -553,6 +556,17 @@ def prompt_reused_share(results: list[dict]) -> float | None:
     return sum(r["prompt_reused"] for r in known) / total if total else None
 
 
+def home_replica_share(results: list[dict]) -> float | None:
+    """Behind `serve --ray`: of the pauses answered by a replica, the share each editor got from
+    the replica that answered it most (1.0: every editor stayed on one replica)."""
+    by_editor: dict[int, Counter] = {}
+    for r in results:
+        if r.get("replica"):
+            by_editor.setdefault(r["editor"], Counter())[r["replica"]] += 1
+    total = sum(sum(c.values()) for c in by_editor.values())
+    return sum(max(c.values()) for c in by_editor.values()) / total if total else None
+
+
 def summarise_editor(results: list[dict]) -> dict:
     """A row of the editor replay; time to first token is None for answers that are not streamed."""
     lat = np.array([r["latency_s"] for r in results]) * 1000
@@ -564,6 +578,8 @@ def summarise_editor(results: list[dict]) -> dict:
         "ttft_p95_ms": float(np.percentile(ttft, 95)) if len(ttft) else None,
         **token_medians(results),
         "prompt_reused_share": prompt_reused_share(results),
+        "home_replica_share": home_replica_share(results),
+        "replicas": len({r["replica"] for r in results if r.get("replica")}) or None,
         "accepted": sum(r["accepted"] for r in results),
         "accepted_share": float(np.mean([r["accepted"] for r in results])),
         "es": float(np.mean([r["es"] for r in results])),

@@ -9,7 +9,8 @@
 - `EditorAffinityRouter`, Ray Serve's request-router API on `Engine`'s handle: each editor
   (`jobs.editor_of`: sender, key and X-Client-Id) has a home replica, by rendezvous hashing of its
   key over the running replicas, so that its caches stay useful and only a lost replica's editors
-  move. A home replica at `max_ongoing_requests` sends the request to the less loaded of two others.
+  move. A full home replica (running and queued requests where the single server answers 503)
+  sends the request to the less loaded of the editor's next two choices.
 - A replica that dies before the first byte of an answer has gone out: the request is sent once
   more, to another replica.
 - Each replica exports `metrics.py`'s figures through Ray's metrics agent (Prometheus, tagged
@@ -18,21 +19,20 @@
 
 import hashlib
 import hmac
-import random
 import signal
 import sys
 import time
 
 import ray
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from . import metrics
 from .app import create_app, error_response
-from .forward import ForwardedRequest, forwarded, run_asgi
+from .forward import REPLICA_HEADER, ForwardedRequest, forwarded, run_asgi
 from .request import ApiError
 from .state import Settings
 
@@ -51,8 +51,9 @@ def rendezvous(key: str, replicas: list[RunningReplica]) -> list[RunningReplica]
 
 
 class EditorAffinityRouter(RequestRouter):
-    """Home replica first; when it is full, the less loaded of two of the others (Ray Serve
-    tries the ranks in order and takes the least loaded replica of a rank that has room)."""
+    """Home replica first; when it is full, the less loaded of the editor's next two choices
+    (Ray Serve tries the ranks in order and takes the least loaded replica of a rank that has
+    room), so an editor that spills keeps going to the same few replicas and warms their caches."""
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -62,7 +63,7 @@ class EditorAffinityRouter(RequestRouter):
         if not isinstance(request, ForwardedRequest):
             return [candidate_replicas]
         home, *others = rendezvous(request.editor, candidate_replicas)
-        return [[home], random.sample(others, min(2, len(others)))]
+        return [[home], others[:2]]
 
 
 class ExportedMetrics:
@@ -107,7 +108,7 @@ class Engine:
         try:
             async for message in run_asgi(self.app, request):
                 if message["type"] == "http.response.start":
-                    message = message | {"headers": [*message["headers"], (b"x-dyncomplete-replica", self.replica)]}
+                    message = message | {"headers": [*message["headers"], (REPLICA_HEADER.encode(), self.replica)]}
                 yield message
         finally:
             self.exported.update(metrics.values(self.app.state.server))
@@ -116,8 +117,9 @@ class Engine:
         if not self.app.state.server.worker.alive():
             raise RuntimeError("a worker thread has stopped")
 
-    def __del__(self):  # Ray Serve's graceful stop of a replica
-        self.app.state.server.worker.stop()
+    def __del__(self):  # Ray Serve's graceful stop of a replica (also of one whose start failed)
+        if hasattr(self, "app"):
+            self.app.state.server.worker.stop()
 
 
 front = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
@@ -147,7 +149,7 @@ class Front:
                                                               deployment.replica_states.items()}}
 
     @front.get("/metrics")
-    async def metrics(self):
+    async def metrics_are_per_replica(self):
         return error_response(ApiError(404, "on a cluster each replica's figures are exported by Ray's metrics agent "
                                             "on its node (ray_dyncomplete_*; see docs/serving.md)", code="not_found"))
 
@@ -158,6 +160,9 @@ class Front:
             return await self.answer(carried)
         except ApiError as exc:
             return error_response(exc)
+        except Exception as exc:  # as the single server answers one: JSON, the type only (Ray's log has the rest)
+            return error_response(ApiError(500, f"internal server error ({type(exc).__name__})", code="internal_error",
+                                           kind="server_error"))
 
     async def answer(self, request: ForwardedRequest) -> Response:
         """The replica's answer; sent again to another replica once if the first one is lost
@@ -194,8 +199,10 @@ def deploy(address: str, replicas: int, max_replicas: int, routing: str, model_o
                                        "target_ongoing_requests": settings.parallel}})
     if router:
         options["request_router_config"] = {"request_router_class": router}
+    # a replica is full when the single server would refuse: its slots busy and its queue full
     engine = serve.deployment(Engine, ray_actor_options={"num_cpus": threads},
-                              max_ongoing_requests=2 * settings.parallel, health_check_period_s=5, **options)
+                              max_ongoing_requests=settings.parallel + settings.queue_size, health_check_period_s=5,
+                              **options)
     ingress = serve.deployment(Front, num_replicas=1, ray_actor_options={"num_cpus": 0})
     serve.start(http_options={"host": host, "port": port})
     serve.run(ingress.bind(engine.bind(model_options, settings, threads), settings), name=APP_NAME, route_prefix="/")

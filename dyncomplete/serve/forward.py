@@ -16,6 +16,8 @@ from fastapi import Request
 from .jobs import editor_of
 from .request import ApiError
 
+REPLICA_HEADER = "x-dyncomplete-replica"  # the replica that answered, on every answer of `serve --ray`
+
 
 @dataclass(frozen=True)
 class ForwardedRequest:
