@@ -124,6 +124,8 @@ SESSION_COLUMNS = {
     "cache_hits": Column("prefix-cache hits", "prefix_cache_hit_share", _pct),
     "prompt_from_cache": Column("prompt tokens from a cache", "prompt_reused_share", _pct),
     "results": Column("results file", lambda r: f"`{r['file']}`", align="---"),
+    "home": Column("pauses on the editor's main replica", "home_replica_share", _pct),
+    "replicas": Column("replicas that answered", "replicas"),
 }
 SESSION_DEFAULT = ("model", "method", "row", "n", "p50", "p95", "ttft_p50", "cached", "exact")
 

@@ -131,7 +131,7 @@ def register(sub) -> None:
                         "a line leaves the suffix in the prefix cache (default); or in the prefix")
     p.add_argument("--cache-mb", type=float, default=512, help="prefix-cache memory bound in MiB (0: off)")
     p.add_argument("--cache-reuse", type=positive(int, zero=True), default=32, metavar="N",
-                   help="also reuse runs of at least N tokens of the last prompt at new positions, keys rotated "
+                   help="also reuse runs of at least N tokens of a recent prompt at new positions, keys rotated "
                         "(the suffix of a fill-in-the-middle prompt after the prefix grew; approximate, measured "
                         "in docs/results.md; 0: off)")
     p.add_argument("--cache-reuse-copies", type=positive(int, zero=True), default=2, metavar="N",

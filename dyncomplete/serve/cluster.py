@@ -19,6 +19,7 @@
 
 import hashlib
 import hmac
+import logging
 import signal
 import sys
 import time
@@ -36,6 +37,7 @@ from .forward import REPLICA_HEADER, ForwardedRequest, forwarded, run_asgi
 from .request import ApiError
 from .state import Settings
 
+log = logging.getLogger("ray.serve")  # Ray Serve's replica log, where operators look
 APP_NAME = "dyncomplete"
 ROUTERS = {"editor": "dyncomplete.serve.cluster:EditorAffinityRouter",
            "ray-default": None}  # Ray Serve's own: the less loaded of two random replicas
@@ -173,7 +175,9 @@ class Front:
                 start = await messages.__anext__()
                 first = await messages.__anext__()
                 break
-            except REPLICA_LOST:
+            except REPLICA_LOST as exc:
+                log.warning("%s %s: its replica was lost (%s)%s", request.method, request.path, type(exc).__name__,
+                            "" if attempt else "; sent again to another replica")
                 if attempt:
                     raise ApiError(503, "the model replica was lost twice; try again", code="replica_lost",
                                    kind="server_error") from None
