@@ -44,6 +44,8 @@ def run(args) -> int:
 
     if (args.actors != 1 or args.actor_cpus != 1) and not args.ray:
         raise ValueError("--actors and --actor-cpus need --ray ADDRESS")
+    if args.actors < 1 or args.actor_cpus < 1:
+        raise ValueError(f"--actors and --actor-cpus need at least 1, got {args.actors} and {args.actor_cpus}")
     names, sweeps = method_list(args.methods, args.sweep or [])
     dataset = load_dataset(args.dataset, args.limit)
     setup = Setup(args.context_budget, args.repo_context == "on", args.editor_guards == "on", args.cursor_line)

@@ -156,7 +156,8 @@ def register(sub) -> None:
                    help="--ray: scale between --replicas and this on ongoing requests per replica (target: --parallel)")
     p.add_argument("--routing", default="editor", choices=["editor", "ray-default"],
                    help="--ray: editor: each editor on its home replica (rendezvous hash of its sender, key and "
-                        "X-Client-Id), the less loaded of two others when it is full; ray-default: Ray Serve's "
+                        "X-Client-Id); when it is full (where one server answers 503), the less loaded of the editor's "
+                        "next two; ray-default: Ray Serve's "
                         "own (the less loaded of two random replicas)")
     p.add_argument("--replica-cpus", type=positive(int), default=1,
                    help="--ray: CPUs each replica reserves, and its threads")
