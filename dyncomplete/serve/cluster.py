@@ -18,7 +18,6 @@
 """
 
 import hashlib
-import hmac
 import logging
 import signal
 import sys
@@ -32,7 +31,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from . import metrics
-from .app import create_app, error_response
+from .app import create_app, error_response, require_key
 from .forward import REPLICA_HEADER, ForwardedRequest, forwarded, run_asgi
 from .request import ApiError
 from .state import Settings
@@ -134,16 +133,10 @@ class Front:
     def __init__(self, engine, settings: Settings):
         self.engine, self.settings = engine, settings
 
-    def check_key(self, request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        key = self.settings.api_key
-        if key and not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
-
     @front.get("/health")
     async def health(self, request: Request):
         try:
-            self.check_key(request)
+            require_key(request, self.settings.api_key)
         except ApiError as exc:
             return error_response(exc)
         deployment = serve.status().applications[APP_NAME].deployments["Engine"]

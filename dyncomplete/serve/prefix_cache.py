@@ -83,17 +83,16 @@ class PrefixCache:
                 reused, recent, plan = max((self._reused_by(key, ids) for key in self._recent()),
                                            default=(0, None, []), key=lambda c: c[0])  # ties: the most recent
                 if reused > best:
-                    best_key, chunks = recent, plan
+                    best_key, best, chunks = recent, reused, plan
             if best_key is None:
                 return None, 0
             self._entries.move_to_end(best_key)
             source = self._entries[best_key]
-            reused = sum(c.end - c.start for c in chunks) if chunks else best
             self.counters.hits += 1
-            self.counters.reused_tokens += reused
+            self.counters.reused_tokens += best
         # entries are never mutated in place, so copying outside the lock is safe
         if chunks:
-            return assemble(source, chunks, len(ids), self.inv_freq, -(-len(ids) // SPAN) * SPAN), reused
+            return assemble(source, chunks, len(ids), self.inv_freq, -(-len(ids) // SPAN) * SPAN), best
         return source.copy(best), best
 
     def _recent(self) -> list[tuple[int, ...]]:
