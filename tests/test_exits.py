@@ -166,3 +166,31 @@ def test_check_counts_parse_and_refuse_in_one_line():
     for bad in ("4-2", "0-2", "two"):
         with pytest.raises(argparse.ArgumentTypeError):
             check_counts(bad)
+
+
+def test_tokens_rank_by_how_often_the_files_use_them_and_fill_a_shortlist(tmp_path, monkeypatch):
+    """`rank-tokens`: most frequent first, ties by the lower id; a shortlist takes the ranked ids,
+    then the lowest ids it lacks; a model without the artefact gets the lowest ids."""
+    from types import SimpleNamespace
+
+    from dyncomplete.exits import artefacts, shortlist
+
+    (tmp_path / "a.py").write_text("b a b\n")
+    (tmp_path / "b.py").write_text("c b a d")
+    ranked, counted = shortlist.rank_tokens(lambda text: [ord(c) for c in text if c.isalpha()],
+                                            [tmp_path / "a.py", tmp_path / "b.py"])
+    assert ranked == [ord("b"), ord("a"), ord("c"), ord("d")] and counted == 7
+    model = SimpleNamespace(name="no-such-model", source_sha256="0" * 64, vocab_size=200)
+    assert shortlist.shortlist_ids(model, 5) == [0, 1, 2, 3, 4]
+    path = shortlist.save_ranks(model, [150, 3, 120], {"data": "test"}, tmp_path / shortlist.RANKS_FILE)
+    monkeypatch.setattr(artefacts, "default_path", lambda m, name: tmp_path / name)
+    assert path.is_file() and shortlist.shortlist_ids(model, 2) == [150, 3]
+    assert shortlist.shortlist_ids(model, 5) == [150, 3, 120, 0, 1]
+
+
+def test_rank_tokens_refuses_an_unknown_language_in_one_line(capsys):
+    from dyncomplete.cli import main
+
+    assert main(["rank-tokens", "--langs", "python,cobol"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dyncomplete: error: --langs takes python, java") and "\n" not in err

@@ -99,7 +99,8 @@ def test_a_native_check_gives_the_policys_probability(smollm_int4, policy):
     assert method.native.layers == [e for e in heads.layers]
 
 
-@pytest.mark.parametrize("spec", ["classifier@1.0", "rl@1.0", "static@30", "classifier/kv=propagate@1.0"])
+@pytest.mark.parametrize("spec", ["classifier@1.0", "rl@1.0", "static@30", "classifier/kv=propagate@1.0",
+                                  "classifier/kv=propagate/emit=short@1.0"])
 def test_strictest_thresholds_give_baselines_tokens_in_one_native_call_a_token(smollm_int4, spec, monkeypatch):
     calls = []
     run_exit = smollm_int4.run_exit
@@ -128,6 +129,41 @@ def test_an_exit_decided_natively_counts_its_checks(smollm_int4):
     assert native.stats.decision_macs == python.stats.decision_macs == 5 * method.policy.decision_macs()
     assert native.stats.layer_evals == pytest.approx(python.stats.layer_evals)
     assert native.token_ids == python.token_ids
+
+
+def test_an_exit_with_emit_short_chooses_from_the_shortlist_and_skips_the_full_head(smollm_int4):
+    """`emit=short`: an exited token's logits are the shortlist head's on the translated exit state
+    (the frequency-ranked rows plus the request's tokens), -inf for every other token, and the
+    full head runs only for the prefill's token; the token is the full exit head's wherever that
+    one's top token is in the list."""
+    ids = ids_of(smollm_int4, stdlib_prompts(6)[3])
+    params = GenerationParams(max_new_tokens=12)
+    short = make_method("early-exit:static/kv=propagate/emit=short/short=2048@20", smollm_int4)
+    full = make_method("early-exit:static/kv=propagate@20", smollm_int4)
+    out = short.generate(smollm_int4, ids, params)
+    assert out.stats.token_layers == [30] + [20] * 11
+    assert out.stats.head_evals == 1
+    shortlist = short.shortlist.for_request()
+    shortlist.grow(ids)
+    assert len(shortlist.base.ids) == 2048 and shortlist.base.ids != list(range(2048))  # ranked, not the lowest ids
+    tokens = out.token_ids
+    cache, stats = smollm_int4.new_cache(), Stats()
+    smollm_int4.forward(torch.tensor(ids), cache)
+    with torch.inference_mode():
+        for k, token in enumerate(tokens[:-1]):
+            shortlist.grow([token])
+            logits, depth, _ = short.step(smollm_int4, token, len(ids) + k, cache, [], stats, None, shortlist)
+            hidden = logits.isfinite()
+            assert depth == 20 and set(hidden.nonzero().flatten().tolist()) == set(shortlist.index.tolist())
+            assert int(logits.argmax()) == tokens[k + 1]
+    reference = full.generate(smollm_int4, ids, params).token_ids
+    members = set(shortlist.index.tolist())
+    same = 0
+    for a, b in zip(tokens, reference):
+        if a != b:
+            break
+        same += 1
+    assert same == len(tokens) or reference[same] not in members  # they part only at a token off the list
 
 
 def test_the_check_cost_benchmark_times_a_check_and_a_layer(monkeypatch):

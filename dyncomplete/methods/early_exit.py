@@ -12,6 +12,11 @@ grammar is `methods.registry.parse_method`'s):
                     own tokens (`exits/shortlist.py`; default 4096, 0: the full head at every
                     check); an exit it allows is confirmed with the full head, which also gives
                     the emitted token
+  `emit=short`      an exited token is chosen from the shortlist head (`short=N` rows, here
+                    32768 by default, plus the request's own tokens) instead of the full head: an
+                    exit then skips the full head's rows too (Qwen2.5-Coder: 151,936 rows, about
+                    7 layers of bytes), and a token outside both lists can only come from a
+                    full-depth step (default `emit=full`)
   `kv=catchup`      (default) skipped layers are run later for the exited positions, together
                     with the next token that goes deeper: exact caches, no extra approximation
   `kv=propagate`    skipped layers get keys/values projected from the exit hidden state (CALM,
@@ -35,7 +40,7 @@ from ..engine import DecodingMethod
 from ..engine.sampling import choose_token
 from ..exits.heads import ExitHeads, lens_heads, load_heads
 from ..exits.policies import ExitPolicy, make_policy
-from ..exits.shortlist import DEFAULT_SIZE, RequestShortlist, Shortlist
+from ..exits.shortlist import DEFAULT_SIZE, EMIT_SIZE, RequestShortlist, Shortlist
 from ..models.fast import rows_waiting
 from ..models.native.bindings import Exits
 
@@ -46,13 +51,17 @@ class EarlyExit(DecodingMethod):
     name = "early-exit"
 
     def __init__(self, heads: ExitHeads, policy: ExitPolicy, kv: str = "catchup", min_layer: int = 1,
-                 shortlist: Shortlist | None = None, at: set[int] | None = None):
+                 shortlist: Shortlist | None = None, at: set[int] | None = None, emit: str = "full"):
         if kv not in ("catchup", "propagate"):
             raise ValueError(f"kv must be catchup or propagate, got {kv!r}")
+        if emit not in ("full", "short"):
+            raise ValueError(f"emit must be full or short, got {emit!r}")
+        if emit == "short" and shortlist is None:
+            raise ValueError("emit=short needs a shortlist head (short=N with N >= 2)")
         if kv == "propagate" and heads.model.kind not in PROPAGATE_KINDS:
             raise ValueError(f"kv=propagate supports {', '.join(PROPAGATE_KINDS)}, not {heads.model.kind}")
-        self.heads, self.policy, self.kv = heads, policy, kv
-        self.shortlist = shortlist if policy.needs_logits else None
+        self.heads, self.policy, self.kv, self.emit = heads, policy, kv, emit
+        self.shortlist = shortlist if policy.needs_logits or emit == "short" else None
         if at is not None and not at <= set(heads.layers):
             raise ValueError(f"at= names layers without an exit head: {sorted(at - set(heads.layers))} "
                              f"(the heads' layers are {heads.layers})")
@@ -90,12 +99,12 @@ class EarlyExit(DecodingMethod):
         the request's shortlist (default: the method's, without the request's tokens).
         Returns (logits, layers run, pending)."""
         policy = policy or self.policy
-        if self.native is not None and type(policy) is type(self.policy):  # the method's policy or a request's copy
-            done = self._native_step(model, token, position, cache, pending, stats, policy)
-            if done is not None:
-                return done
         if shortlist is None and self.shortlist is not None:
             shortlist = self.shortlist.for_request()
+        if self.native is not None and type(policy) is type(self.policy):  # the method's policy or a request's copy
+            done = self._native_step(model, token, position, cache, pending, stats, policy, shortlist)
+            if done is not None:
+                return done
         first = position - len(pending)
         start = position  # first position in the running batch
         ctx = model.context(torch.tensor([position]))
@@ -135,7 +144,7 @@ class EarlyExit(DecodingMethod):
         stats.head_evals += 1
         return model.head(model.final_norm(h[:, -1:])).float()[0, -1]
 
-    def _native_step(self, model, token, position, cache, pending, stats, policy):
+    def _native_step(self, model, token, position, cache, pending, stats, policy, shortlist):
         """`step` with the decisions inside decode.c's layer loop (`LayeredModel.run_exit`): one
         native call per token, the pending positions joining at their resume layers there; the
         same layers run as in the Python loop. None where the engine cannot (nothing ran)."""
@@ -157,7 +166,7 @@ class EarlyExit(DecodingMethod):
         stats.decision_macs += checks * policy.decision_macs()
         if e == layers:
             return self._full_logits(model, out, stats), layers, []
-        logits = self._exit_logits(model, e, out[0, -1], stats)
+        logits = self._exit_logits(model, e, out[0, -1], stats, shortlist)
         if self.kv == "propagate":
             stats.layer_evals += propagated_evals(model, layers - e)
             return logits, e, []
@@ -179,19 +188,33 @@ class EarlyExit(DecodingMethod):
         else:
             normed = self.heads.normed(e, hidden)
             stats.extra_macs += self.heads.map_macs() + shortlist.macs()
-            exits = policy.decide(e, hidden, shortlist.logits(normed))
-            if exits:  # confirmed by the full head, which the emitted token needs anyway
+            short = shortlist.logits(normed)
+            exits = policy.decide(e, hidden, short)
+            if exits and self.emit == "short":
+                logits = shortlist.spread(short)
+            elif exits:  # confirmed by the full head, which the emitted token needs anyway
                 logits = self._head(model, normed, stats)
                 exits = policy.decide(e, hidden, logits)
         if exits and logits is None:
-            logits = self._exit_logits(model, e, hidden, stats)
+            logits = self._exit_logits(model, e, hidden, stats, shortlist)
         spent = stats.extra_macs + stats.head_evals * head - before
-        stats.decision_macs += spent - (self.heads.map_macs() + head if exits else 0.0)
+        stats.decision_macs += spent - (self._emit_macs(model, shortlist) if exits else 0.0)
         return logits if exits else None
 
-    def _exit_logits(self, model, e, hidden, stats):
+    def _exit_logits(self, model, e, hidden, stats, shortlist: RequestShortlist | None = None):
+        """An exited token's logits: the full head's, or with `emit=short` the shortlist's (every
+        other row -inf)."""
         stats.extra_macs += self.heads.map_macs()
-        return self._head(model, self.heads.normed(e, hidden), stats)
+        normed = self.heads.normed(e, hidden)
+        if self.emit == "short":
+            stats.extra_macs += shortlist.macs()
+            return shortlist.spread(shortlist.logits(normed))
+        return self._head(model, normed, stats)
+
+    def _emit_macs(self, model, shortlist) -> float:
+        """The work an exited token's own logits cost (translator and head), not counted as deciding."""
+        head = shortlist.macs() if self.emit == "short" else head_macs(model)
+        return self.heads.map_macs() + head
 
     @staticmethod
     def _head(model, normed, stats):
@@ -227,8 +250,9 @@ def build(name, model) -> EarlyExit:
         min_layer = int(name.options.get("min", 1))
     except ValueError:
         raise ValueError(f"min takes a layer number, got {name.options['min']!r}") from None
+    emit = name.options.get("emit", "full")
     try:
-        short = int(name.options.get("short", DEFAULT_SIZE))
+        short = int(name.options.get("short", EMIT_SIZE if emit == "short" else DEFAULT_SIZE))
     except ValueError:
         raise ValueError(f"short takes a number of rows, got {name.options['short']!r}") from None
     try:
@@ -236,5 +260,5 @@ def build(name, model) -> EarlyExit:
     except ValueError:
         raise ValueError(f"at takes exit layers with dots between them (at=18.22), got {name.options['at']!r}") from None
     policy = make_policy(policy, name.threshold, model, heads)
-    shortlist = Shortlist(model, short) if short and policy.needs_logits else None
-    return EarlyExit(heads, policy, name.options.get("kv", "catchup"), min_layer, shortlist, at)
+    shortlist = Shortlist(model, short) if short and (policy.needs_logits or emit == "short") else None
+    return EarlyExit(heads, policy, name.options.get("kv", "catchup"), min_layer, shortlist, at, emit)

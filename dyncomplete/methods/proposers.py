@@ -115,8 +115,8 @@ class LookupProposer(Proposer):
 
 class SelfDraftProposer(Proposer):
     """Draft with the model's first E layers and exit head E over a shortlist of token ids (the
-    lowest BPE ranks, i.e. the earliest, most frequent merges (`exits/shortlist.py`, in the head's
-    weight format), plus every token of the context);
+    train split's most frequent tokens, `exits/shortlist.py`, in the head's weight format), plus
+    every token of the context;
     a token outside the shortlist simply cannot be drafted. The head is the costly part of a small
     model (design.md section 4), so the shortlist cuts the draft cost several-fold.
 
@@ -164,9 +164,9 @@ class SelfDraftProposer(Proposer):
                 break
             index, q = draw(logits, self.params, self.generator)
             if q is not None:
-                ids = torch.tensor(self.shortlist.ids, device=q.device)
+                ids = self.shortlist.index.to(q.device)
                 probs.append(torch.zeros(model.vocab_size, device=q.device).index_put_((ids,), q))
-            token = self.shortlist.ids[index]
+            token = self.shortlist.token(index)
             tokens.append(token)
         return Draft(tokens, torch.stack(probs) if probs else None, torch.cat(hiddens, dim=1), layer, self.name)
 
