@@ -155,10 +155,10 @@ def register(sub) -> None:
     p.add_argument("--max-replicas", type=positive(int), default=None,
                    help="--ray: scale between --replicas and this on ongoing requests per replica (target: --parallel)")
     p.add_argument("--routing", default="editor", choices=["editor", "ray-default"],
-                   help="--ray: editor: each editor on its home replica (rendezvous hash of its sender, key and "
-                        "X-Client-Id); when it is full (where one server answers 503), the less loaded of the editor's "
-                        "next two; ray-default: Ray Serve's "
-                        "own (the less loaded of two random replicas)")
+                   help="--ray: editor: each editor on its home replica (the first in the rendezvous-hash order of "
+                        "its sender, key and X-Client-Id below its share of the active editors); when it is full "
+                        "(where one server answers 503), the less loaded of the editor's next two; ray-default: "
+                        "Ray Serve's own (the less loaded of two random replicas)")
     p.add_argument("--replica-cpus", type=positive(int), default=1,
                    help="--ray: CPUs each replica reserves, and its threads")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])

@@ -7,18 +7,22 @@
   to an `Engine` replica (`forward.py`) and streams the answer back; it answers `/health` with the
   replicas' states itself.
 - `EditorAffinityRouter`, Ray Serve's request-router API on `Engine`'s handle: each editor
-  (`jobs.editor_of`: sender, key and X-Client-Id) has a home replica, by rendezvous hashing of its
-  key over the running replicas, so that its caches stay useful and only a lost replica's editors
-  move. A full home replica (running and queued requests where the single server answers 503)
-  sends the request to the less loaded of the editor's next two choices.
+  (`jobs.editor_of`: sender, key and X-Client-Id) keeps a home replica, so that its caches stay
+  useful. A new editor's home is the first replica in its rendezvous order (a hash of its key
+  over the running replicas) that holds fewer than its share of the active editors (consistent
+  hashing with bounded loads), so editors spread evenly and only a lost replica's editors move.
+  A full home replica (running and queued requests where the single server answers 503) sends
+  the request to the less loaded of the editor's next two choices.
 - A replica that dies before the first byte of an answer has gone out: the request is sent once
   more, to another replica.
 - Each replica exports `metrics.py`'s figures through Ray's metrics agent (Prometheus, tagged
   with the replica).
 """
 
+import collections
 import hashlib
 import logging
+import math
 import signal
 import sys
 import time
@@ -41,6 +45,7 @@ APP_NAME = "dyncomplete"
 ROUTERS = {"editor": "dyncomplete.serve.cluster:EditorAffinityRouter",
            "ray-default": None}  # Ray Serve's own: the less loaded of two random replicas
 REPLICA_LOST = (RayActorError, ActorUnavailableError)
+ACTIVE_S = 600.0  # an editor silent this long no longer counts toward its home's share
 
 
 def rendezvous(key: str, replicas: list[RunningReplica]) -> list[RunningReplica]:
@@ -51,10 +56,26 @@ def rendezvous(key: str, replicas: list[RunningReplica]) -> list[RunningReplica]
     return sorted(replicas, key=weight, reverse=True)
 
 
+def assign_home(editor: str, order: list[str], homes: dict[str, str]) -> str:
+    """The editor's home among `order` (its rendezvous order of the running replicas' ids): the
+    one it has if that still runs, else the first in its order holding fewer than
+    ceil(active editors / replicas) of the editors in `homes` (editor -> replica id)."""
+    if homes.get(editor) in order:
+        return homes[editor]
+    share = math.ceil(len({*homes, editor}) / len(order))
+    held = collections.Counter(home for other, home in homes.items() if other != editor)
+    return next(replica for replica in order if held[replica] < share)
+
+
 class EditorAffinityRouter(RequestRouter):
-    """Home replica first; when it is full, the less loaded of the editor's next two choices
-    (Ray Serve tries the ranks in order and takes the least loaded replica of a rank that has
-    room), so an editor that spills keeps going to the same few replicas and warms their caches."""
+    """Home replica first (`assign_home`); when it is full, the less loaded of the editor's next
+    two choices (Ray Serve tries the ranks in order and takes the least loaded replica of a rank
+    that has room), so an editor that spills keeps going to the same few replicas and warms
+    their caches. Runs in the front's event loop: one request at a time reaches it."""
+
+    def initialize_state(self, **kwargs):
+        self.homes: dict[str, str] = {}  # active editor -> its home replica's id
+        self.last_seen: dict[str, float] = {}
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -63,8 +84,15 @@ class EditorAffinityRouter(RequestRouter):
         request = pending_request.args[0] if pending_request and pending_request.args else None
         if not isinstance(request, ForwardedRequest):
             return [candidate_replicas]
-        home, *others = rendezvous(request.editor, candidate_replicas)
-        return [[home], others[:2]]
+        now = time.monotonic()
+        for editor in [e for e, seen in self.last_seen.items() if now - seen > ACTIVE_S]:
+            del self.last_seen[editor], self.homes[editor]
+        order = rendezvous(request.editor, candidate_replicas)
+        by_id = {replica.replica_id.unique_id: replica for replica in order}
+        home = assign_home(request.editor, list(by_id), self.homes)
+        self.homes[request.editor], self.last_seen[request.editor] = home, now
+        others = [replica for replica in order if replica.replica_id.unique_id != home]
+        return [[by_id[home]], others[:2]]
 
 
 class ExportedMetrics:
