@@ -21,10 +21,10 @@ def strip_eos(tokens, eos):
 @pytest.mark.model
 @pytest.mark.parametrize("fixture", ["smollm", "smollm_bf16", "qwen05"])
 def test_greedy_identical_to_generate_on_stdlib_prompts(fixture, request):
-    """20 prompts in bfloat16, where near-ties may differ; 10 in float32, where one difference fails."""
+    """8 prompts in bfloat16, where near-ties may differ; 6 in float32, where one difference fails."""
     model = request.getfixturevalue(fixture)
     n_new = 24 if model.num_layers == 30 else 12
-    n = 10 if model.dtype == torch.float32 else 20
+    n = 6 if model.dtype == torch.float32 else 8
     prompts = stdlib_prompts(n)
     assert len(prompts) == n
     eos = eos_ids_of(model)
@@ -38,8 +38,8 @@ def test_greedy_identical_to_generate_on_stdlib_prompts(fixture, request):
         assert differ == []
     else:
         # identity is a float32 promise (docs/metrics.md). In bfloat16 the kernels' order of sums is the
-        # CPU's: 20 of 20 identical on the AMD EPYC, 16 of 20 on a Xeon with AMX
-        assert len(differ) <= 5, differ
+        # CPU's: 20 of 20 identical on the AMD EPYC, 16 of 20 on a Xeon with AMX (a quarter allowed)
+        assert len(differ) <= 2, differ
 
 
 @pytest.mark.model

@@ -197,7 +197,7 @@ def test_lookup_is_identical_to_baseline_on_quantized_weights(quantized, request
     model = quantized
     params = GenerationParams(max_new_tokens=16)
     drafted = 0
-    for text in stdlib_prompts(12):
+    for text in stdlib_prompts(6):
         ids = model.tokenizer(text, add_special_tokens=False).input_ids
         want = Baseline().generate(model, ids, params).token_ids
         out = methods.make_method("lookup", model).generate(model, ids, params)

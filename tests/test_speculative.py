@@ -27,8 +27,8 @@ NEW_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def prompts(smollm):
-    """50 real prompts: 49 standard-library cuts (all the helper yields) + one more, shorter cut."""
-    texts = stdlib_prompts(49) + stdlib_prompts(1, chars=200)
+    """24 real prompts: 23 standard-library cuts + one more, shorter cut."""
+    texts = stdlib_prompts(23) + stdlib_prompts(1, chars=200)
     return [smollm.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
 
 
@@ -48,12 +48,12 @@ def identical(method, model, prompts, reference):
 
 @pytest.mark.model
 @pytest.mark.parametrize("name", ["lookup", "self-spec", "self-spec:dynamic", "lookup+self"])
-def test_greedy_identical_to_baseline_on_50_prompts(name, smollm, prompts, reference):
-    """50 prompts for lookup and self-spec's proposers, each alone; their combinations on 20
+def test_greedy_identical_to_baseline_on_24_prompts(name, smollm, prompts, reference):
+    """24 prompts for lookup and self-spec's proposers, each alone; their combinations on 12
     (`self-spec:dynamic`: self-spec's proposer under another draft control; `lookup+self`: lookup
     first, self-drafting where it finds nothing), which keeps the suite within CI's time."""
-    assert len(prompts) == 50
-    n = 20 if name in ("self-spec:dynamic", "lookup+self") else 50
+    assert len(prompts) == 24
+    n = 12 if name in ("self-spec:dynamic", "lookup+self") else 24
     stats = identical(methods.make_method(name, smollm), smollm, prompts[:n], reference[:n])
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
     assert drafted > 0 and 0 < accepted <= drafted  # the proposer really drafted, and some landed
@@ -62,7 +62,7 @@ def test_greedy_identical_to_baseline_on_50_prompts(name, smollm, prompts, refer
 @pytest.mark.model
 @pytest.mark.parametrize("name", ["stand", "stand:10/tree"])
 def test_stand_greedy_identical_to_baseline(name, smollm, prompts, reference):
-    """STAND's chains and trees on the first 10 prompts (token trees are verified on 50 with retrieval's)."""
+    """STAND's chains and trees on the first 10 prompts (token trees are verified on 24 with retrieval's)."""
     stats = identical(methods.make_method(name, smollm), smollm, prompts[:10], reference[:10])
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
     assert drafted > 0 and 0 < accepted <= drafted
@@ -80,9 +80,9 @@ def stdlib_store(smollm):
 
 @pytest.mark.model
 @pytest.mark.parametrize("tree", [True, False])
-def test_retrieval_greedy_identical_to_baseline_on_50_prompts(tree, smollm, prompts, reference, stdlib_store):
-    """Trees on all 50 prompts; chains (verified as lookup's are) on the first 20."""
-    n = 50 if tree else 20
+def test_retrieval_greedy_identical_to_baseline_on_24_prompts(tree, smollm, prompts, reference, stdlib_store):
+    """Trees on all 24 prompts; chains (verified as lookup's are) on the first 12."""
+    n = 24 if tree else 12
     stats = identical(SpeculativeDecoding(RetrievalProposer(stdlib_store, tree=tree)), smollm, prompts[:n],
                       reference[:n])
     from_store = [c for s in stats for source, c in s.by_source.items() if "datastore" in source]
@@ -92,7 +92,7 @@ def test_retrieval_greedy_identical_to_baseline_on_50_prompts(tree, smollm, prom
         assert drafted > 1.5 * steps and max(len(s.accepted_per_position) for s in stats) > 2
 
 
-BF16_PROMPTS = 20  # bfloat16 identity rests on the products (models/invariant.py), not on the proposers
+BF16_PROMPTS = 10  # bfloat16 identity rests on the products (models/invariant.py), not on the proposers
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def reference_bf16(smollm_bf16, prompts):
 
 @pytest.mark.model
 def test_retrieval_tree_identical_in_bfloat16(smollm_bf16, prompts, reference_bf16, stdlib_store, request):
-    """Token trees, the widest passes, on the first 20 prompts: their 50 are in float32 above, and
+    """Token trees, the widest passes, on the first 10 prompts: their 24 are in float32 above, and
     test_invariant.py checks the bfloat16 rows alone against a verification pass directly."""
     rows_may_depend_on_count(request, smollm_bf16)
     identical(SpeculativeDecoding(RetrievalProposer(stdlib_store, tree=True)), smollm_bf16, prompts[:BF16_PROMPTS],
@@ -112,14 +112,14 @@ def test_retrieval_tree_identical_in_bfloat16(smollm_bf16, prompts, reference_bf
 
 @pytest.mark.model
 def test_greedy_identical_to_baseline_in_bfloat16_too(smollm_bf16, prompts, reference_bf16, request):
-    """The default dtype on CPUs with bfloat16 instructions: lookup's chains on the same 20 prompts."""
+    """The default dtype on CPUs with bfloat16 instructions: lookup's chains on the same 10 prompts."""
     rows_may_depend_on_count(request, smollm_bf16)
     identical(methods.make_method("lookup", smollm_bf16), smollm_bf16, prompts[:BF16_PROMPTS], reference_bf16)
 
 
 @pytest.mark.model
 def test_draft_model_drafting_for_itself_is_always_accepted(smollm, prompts, reference):
-    """On the first 10 prompts: acceptance, not identity, is the point (identity has its 50 above)."""
+    """On the first 10 prompts: acceptance, not identity, is the point (identity has its 24 above)."""
     twin = load("smollm2-135m", dtype="float32", progress=lambda m: None)
     method = SpeculativeDecoding(DraftModelProposer(twin, smollm, max_draft=4))
     stats = identical(method, smollm, prompts[:10], reference[:10])
