@@ -124,6 +124,10 @@ def test_bad_names_are_refused(smollm):
     with pytest.raises(ValueError, match="dots between them"):
         make_method("early-exit:confidence@0.5/at=24-26", smollm)
     assert make_method("early-exit:classifier@0.5/at=20.26", smollm).exits == {20, 26}
+    with pytest.raises(ValueError, match="emit must be full or short"):
+        make_method("early-exit:static@24/emit=tiny", smollm)
+    with pytest.raises(ValueError, match="emit=short needs a shortlist head"):
+        make_method("early-exit:static@24/emit=short/short=0", smollm)
 
 
 def test_shortlist_decisions_are_confirmed_by_the_full_head_and_cost_less(smollm):

@@ -14,7 +14,8 @@ the tokens of its context (`Shortlist.for_request`, as the self-drafter always d
 Softmax over the shortlist only can overstate confidence and margin (the denominator misses the
 other rows), never understate them while the top token is in the list; so an exit that the
 shortlist allows is confirmed with the full head (`EarlyExit`), and one it refuses would have
-been refused by the full head too unless the full head's top token is in neither list.
+been refused by the full head too unless the full head's top token is in neither list. With
+`emit=short` there is no full head at an exit: the token is the shortlist's (`spread`).
 """
 
 from __future__ import annotations
@@ -131,8 +132,8 @@ class RequestShortlist:
     def spread(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` over `index` placed in a row of the full head's width, -inf elsewhere: what
         sampling reads where a token is chosen from the shortlist alone (`early-exit:.../emit=short`)."""
-        row = torch.full((self.base.model.lm_head.weight.shape[0],), -torch.inf)
-        row[self.index] = logits.float()
+        row = torch.full((self.base.model.lm_head.weight.shape[0],), -torch.inf, device=logits.device)
+        row[self.index.to(logits.device)] = logits.float()
         return row
 
     def macs(self) -> float:

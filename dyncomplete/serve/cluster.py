@@ -19,6 +19,7 @@
   with the replica).
 """
 
+import asyncio
 import collections
 import hashlib
 import logging
@@ -167,7 +168,8 @@ class Front:
             require_key(request, self.settings.api_key)
         except ApiError as exc:
             return error_response(exc)
-        deployment = serve.status().applications[APP_NAME].deployments["Engine"]
+        status = await asyncio.to_thread(serve.status)  # a call to Ray's controller: not in the event loop
+        deployment = status.applications[APP_NAME].deployments["Engine"]
         return {"status": "ok", "cluster": True, "replicas": {str(state): n for state, n in
                                                               deployment.replica_states.items()}}
 
