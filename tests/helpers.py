@@ -159,13 +159,15 @@ class Preset:
     key_file: str | None = None
 
 
-# the memory of sent files is off for the editor presets: each test's answer depends on its own body only
+# the memory of sent files and the kept answers are off for the editor presets: each test's answer
+# is generated from its own body only (tests/test_suggestions.py serves with kept answers)
 EDITOR_OPTIONS = ("--api-key", SERVE_KEY, "--max-tokens-limit", "48", "--context-budget", "512", "--cache-mb", "64",
-                  "--client-memory", "off")
+                  "--client-memory", "off", "--suggestions", "off")
 PRESETS = {
     # float32 SmolLM2, key SERVE_KEY: the server tests, the files-memory and n-gram editor tests, bench-session
     "smollm": Preset(SMOL, ("--dtype", "float32", "--api-key", SERVE_KEY, "--queue-size", "64", "--timeout", "120",
-                            "--max-tokens-limit", "256", "--context-budget", "256", "--cache-mb", "64")),
+                            "--max-tokens-limit", "256", "--context-budget", "256", "--cache-mb", "64",
+                            "--suggestions", "off")),
     "editor-smollm": Preset(SMOL, ("--dtype", "float32", *EDITOR_OPTIONS)),
     "editor-qwen": Preset(QWEN, EDITOR_OPTIONS),
     # the playground page: an early-exit method besides the default, the key from a file

@@ -62,7 +62,7 @@ def test_a_cache_behind_the_step_is_not_batchable(smollm_int4):
 
 def job(prefix, method="baseline", n=24):
     return Job(prefix=prefix, suffix=None, params=GenerationParams(max_new_tokens=n), method=method, use_cache=True,
-               client_id=None, deadline=time.perf_counter() + 600, emit=lambda e: None)
+               client_id=None, editor="", deadline=time.perf_counter() + 600, emit=lambda e: None)
 
 
 def worker_of(model, parallel):

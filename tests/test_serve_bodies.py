@@ -28,8 +28,9 @@ TOP_P, TIME_CAP_S = {VSCODE: 0.99, VIM: 0.90}, {VSCODE: 1.0, VIM: 0.25}
 
 
 def settings(**changes) -> Settings:
+    """Kept answers off: these tests repeat requests to compare how each path generates them."""
     return Settings(**{"methods": (), "api_key": SERVE_KEY, "max_tokens_limit": LIMIT, "context_budget": BUDGET,
-                       "cache_bytes": 2**22, "max_body_bytes": MAX_BODY, **changes})
+                       "cache_bytes": 2**22, "max_body_bytes": MAX_BODY, "suggestions": False, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +244,7 @@ def test_key_host_and_unknown_routes(http):
 def test_a_full_queue_answers_503_with_retry_after(tiny):
     """A client not entered runs no lifespan: the worker never starts and its queue of one fills."""
     app = create_app(tiny, settings(queue_size=1, api_key=None))
-    app.state.server.worker.submit(Job(prefix="x", suffix=None, params=GenerationParams(), method="baseline",
+    app.state.server.worker.submit(Job(prefix="x", suffix=None, params=GenerationParams(), method="baseline", editor="",
                                        use_cache=False, client_id=None, deadline=float("inf"), emit=lambda event: None))
     r = TestClient(app, base_url="http://localhost").post("/v1/completions", json=COMPLETION)
     refusal(r, 503, code="queue_full")

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.model
 
 def job(prompt="def f(x):\n", n=64, method="baseline", deadline_s=300.0, client=None):
     return Job(prefix=prompt, suffix=None, params=GenerationParams(max_new_tokens=n), method=method, use_cache=True,
-               client_id=client, deadline=time.perf_counter() + deadline_s, emit=lambda e: None)
+               client_id=client, editor="", deadline=time.perf_counter() + deadline_s, emit=lambda e: None)
 
 
 @pytest.fixture(scope="module")

@@ -121,7 +121,7 @@ def test_llama_cpp_version_is_the_pinned_reference():
 
 def test_a_row_without_streaming_has_no_time_to_first_token_and_renders_a_dash(tmp_path):
     answers = [{"latency_s": s, "ttft_s": None, "prompt_evaluated": e, "prompt_reused": 100 - e, "generated": 8,
-                "accepted": e > 10, "es": 50.0, "lines_right": e // 50, "lines_suggested": 3}
+                "accepted": e > 10, "es": 50.0, "lines_right": e // 50, "lines_suggested": 3, "after_accept": False}
                for s, e in [(0.1, 100), (0.2, 20), (0.3, 10)]]
     row = session.summarise_editor(answers)
     assert row["ttft_p50_ms"] is None and row["prompt_tokens_evaluated"] == 20 and row["prompt_tokens_reused"] == 80
@@ -133,6 +133,24 @@ def test_a_row_without_streaming_has_no_time_to_first_token_and_renders_a_dash(t
     table = render_session([(report, [])], ["row", "client", "ttft_p50", "prompt_evaluated", "prompt_reused",
                                             "generated", "exact"])
     assert table[-1] == "| llama-server | llama-vim | – | 20 | 80 | 8 | 2 of 3 |"
+
+
+def test_a_taken_suggestion_asks_again_at_the_lines_end_and_counts_for_latency_only(tmp_path):
+    cursor = cursors_on(typed_file(tmp_path), "within", 310)[1]
+    request = session.CLIENTS["continue"].request(cursor, [], 16, "m")
+    right, longer = session.scored({"text": "urn 309"}, request), session.scored({"text": "urn 309\nx = 1"}, request)
+    assert session.takes(right) and not session.takes(longer)  # one line, the line's rest
+    assert not session.takes(session.scored({"text": "urn 308"}, request))
+    after = session.taken(cursor, "urn 309")
+    assert (after.before, after.typed, after.after) == (cursor.before, "    return 309", cursor.after)
+    answers = [{"latency_s": s, "ttft_s": None, "prompt_evaluated": 0, "prompt_reused": 9, "generated": 1,
+                "accepted": True, "es": 100.0, "lines_right": 1, "lines_suggested": 1, "after_accept": a, "reused": r}
+               for s, a, r in [(0.4, False, None), (0.01, True, "prefetch"), (0.5, False, "answer"),
+                               (0.6, True, None)]]
+    row = session.summarise_editor(answers)
+    assert row["requests"] == 4 and row["after_accept"] == 2 and row["prefetch_hits"] == 0.5
+    assert row["reused_share"] == 0.5 and row["after_accept_p50_ms"] == pytest.approx(305)
+    assert row["accepted"] == 2 and row["p50_ms"] == pytest.approx(450)
 
 
 def test_a_suggestion_taken_whole_counts_its_lines_that_are_the_files():

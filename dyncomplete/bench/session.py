@@ -24,6 +24,7 @@ prefix cache on) shows what drafting from the client's earlier completions is wo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -194,6 +195,7 @@ def replay(url: str, model: str, method: str, pauses: list[Pause], max_tokens: i
 
 # -- the editor replay: what llama.vim, llama.vscode and Continue send ------------------------------
 
+REUSED_FIELD = "dyncomplete/reused"  # how dyncomplete says it answered from a kept answer (None: generated)
 BODIES = Path(__file__).resolve().parents[2] / "tests" / "editor_bodies"  # the plugins' literal bodies
 N_PREFIX, N_SUFFIX = llama_vim.N_PREFIX, llama_vim.N_SUFFIX  # llama.vim's and llama.vscode's (lines)
 RING_CHUNK_LINES, RING_CHUNKS = 64, 16  # their ring_chunk_size and ring_n_chunks
@@ -328,16 +330,18 @@ def post_infill(http: httpx.Client, endpoint: str, request: Request) -> dict:
     is asked for too: the replay reads it, the plugin does not."""
     body = request.body
     if body.get("response_fields"):
-        body = body | {"response_fields": [*body["response_fields"], "tokens_evaluated"]}
+        body = body | {"response_fields": [*body["response_fields"], "tokens_evaluated", REUSED_FIELD]}
     started = time.perf_counter()
     r = http.post(endpoint, json=body)
     latency = time.perf_counter() - started
     checked(r, r.text)
     data = r.json()
     evaluated = answer_field(data, "timings/prompt_n")
+    reused = data[REUSED_FIELD] if REUSED_FIELD in data else data.get("dyncomplete", {}).get("reused")
     return {"latency_s": latency, "ttft_s": None, "text": data["content"], "prompt_evaluated": evaluated,
             "prompt_reused": answer_field(data, "tokens_evaluated") - evaluated,
-            "generated": answer_field(data, "timings/predicted_n"), "replica": r.headers.get(REPLICA_HEADER)}
+            "generated": answer_field(data, "timings/predicted_n"), "replica": r.headers.get(REPLICA_HEADER),
+            "reused": reused}
 
 
 def post_ollama(http: httpx.Client, endpoint: str, request: Request) -> dict:
@@ -358,7 +362,7 @@ def post_ollama(http: httpx.Client, endpoint: str, request: Request) -> dict:
     return {"latency_s": latency, "ttft_s": first if first is not None else latency, "text": text,
             "prompt_evaluated": stats["prompt_tokens"] - stats["cached_prompt_tokens"],
             "prompt_reused": stats["cached_prompt_tokens"], "generated": stats["new_tokens"],
-            "replica": r.headers.get(REPLICA_HEADER)}
+            "replica": r.headers.get(REPLICA_HEADER), "reused": stats.get("reused")}
 
 
 class Pauses:
@@ -409,7 +413,8 @@ class LlamaVimPauses(Pauses):
             answer = self.ask(http, endpoint, here, extra, llama_vim.FIRST_PREDICT_MS)
         else:
             answer = {"latency_s": time.perf_counter() - started, "ttft_s": None, "text": cached,
-                      "prompt_evaluated": None, "prompt_reused": None, "generated": None, "replica": None}
+                      "prompt_evaluated": None, "prompt_reused": None, "generated": None, "replica": None,
+                      "reused": None}
         started, sent = time.perf_counter(), 0
         accepted = llama_vim.shown_lines(answer["text"], cursor.typed, lines, y)
         after = llama_vim.local_context(lines, y, cursor.typed, accepted, self.last_indent)
@@ -452,10 +457,22 @@ def scored(answer: dict, request: Request) -> dict:
                      "lines_right": right, "lines_suggested": len(lines)}
 
 
+def takes(result: dict) -> bool:
+    """Whether the user takes a suggestion whole: one line, the rest of the cursor's line."""
+    return result["accepted"] and result["lines_suggested"] == 1
+
+
+def taken(cursor: Cursor, text: str) -> Cursor:
+    """The cursor after a suggestion of the line's rest was taken: at the end of the line."""
+    return dataclasses.replace(cursor, typed=cursor.typed + text)
+
+
 def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_predict: int,
-                  headers: dict | None = None, progress=None) -> list[dict]:
+                  headers: dict | None = None, progress=None, accept_ms: int = 0) -> list[dict]:
     """Every cursor's request as `client` sends it, after a warm-up request that is not counted;
-    a client with a warming request sends it once per typed file, before that file's pauses."""
+    a client with a warming request sends it once per typed file, before that file's pauses.
+    `accept_ms` > 0: a suggestion the user `takes` is taken that long after it shows, and the editor
+    asks again at the end of the line (llama.vim and llama.vscode ask whenever the cursor moves)."""
     spec = CLIENTS[client]
     chunks = {file: ring_chunks(Path(file)) for file in sorted({c.file for c in cursors})}
     endpoint, results, pauses = f"{url}{spec.route}", [], spec.pauses(spec, n_predict, model)
@@ -466,7 +483,12 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
                 checked(r, r.text)
             if i == 0:
                 spec.send(http, endpoint, spec.request(cursor, chunks[cursor.file], n_predict, model))
-            results.append(pauses.pause(http, endpoint, cursor, chunks[cursor.file]))
+            result = pauses.pause(http, endpoint, cursor, chunks[cursor.file]) | {"pause": i, "after_accept": False}
+            results.append(result)
+            if accept_ms and takes(result):
+                time.sleep(accept_ms / 1000)
+                after = pauses.pause(http, endpoint, taken(cursor, result["text"]), chunks[cursor.file])
+                results.append(after | {"pause": i, "after_accept": True})
             if progress:
                 progress(i + 1, len(cursors))
     return results
@@ -503,7 +525,8 @@ def served_columns(before: dict | None, after: dict | None, requests: int, wall_
 
 
 def replay_editors(url: str, model: str, client: str, cursors: list[Cursor], n_predict: int,
-                   headers: dict | None = None, editors: int = 1, progress=None) -> tuple[list[dict], dict]:
+                   headers: dict | None = None, editors: int = 1, progress=None,
+                   accept_ms: int = 0) -> tuple[list[dict], dict]:
     """`editors` editors typing at once (`replay_editor` each, in its own thread), each its own
     files (round-robin over the cursors' files in order) and its own X-Client-Id. Returns the
     results, editor by editor, and `served_columns` (its requests: every pause the server answered,
@@ -522,7 +545,8 @@ def replay_editors(url: str, model: str, client: str, cursors: list[Cursor], n_p
 
     def editor(k: int) -> list[dict]:
         own = (headers or {}) | ({"X-Client-Id": f"editor-{k}"} if editors > 1 else {})
-        return [r | {"editor": k} for r in replay_editor(url, model, client, groups[k], n_predict, own, tick)]
+        return [r | {"editor": k} for r in replay_editor(url, model, client, groups[k], n_predict, own, tick,
+                                                         accept_ms)]
 
     with httpx.Client(headers=headers or {}, timeout=60) as http:
         before = server_counters(http, url)
@@ -567,18 +591,32 @@ def home_replica_share(results: list[dict]) -> float | None:
     return sum(max(c.values()) for c in by_editor.values()) / total if total else None
 
 
+def reused_columns(results: list[dict]) -> dict:
+    """The answers the server gave from kept answers (serve/suggestions.py), and the requests made
+    after a suggestion was taken: how many, their p50, the share the prefetch answered."""
+    after = [r for r in results if r["after_accept"]]
+    out = {"reused_share": float(np.mean([r.get("reused") is not None for r in results])), "after_accept": len(after)}
+    if after:
+        out |= {"after_accept_p50_ms": 1000 * float(np.median([r["latency_s"] for r in after])),
+                "prefetch_hits": float(np.mean([r.get("reused") == "prefetch" for r in after]))}
+    return out
+
+
 def summarise_editor(results: list[dict]) -> dict:
-    """A row of the editor replay; time to first token is None for answers that are not streamed."""
+    """A row of the editor replay: latency over every request the editor waited for, quality over
+    the pauses (not the requests after a suggestion was taken); time to first token is None for
+    answers that are not streamed."""
     lat = np.array([r["latency_s"] for r in results]) * 1000
     ttft = np.array([r["ttft_s"] for r in results if r["ttft_s"] is not None]) * 1000
-    return client_cache_columns(results) | {
-        "requests": len(results),
+    waited, results = results, [r for r in results if not r["after_accept"]]
+    return client_cache_columns(results) | reused_columns(waited) | {
+        "requests": len(waited),
         "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
         "ttft_p50_ms": float(np.percentile(ttft, 50)) if len(ttft) else None,
         "ttft_p95_ms": float(np.percentile(ttft, 95)) if len(ttft) else None,
-        **token_medians(results),
-        "prompt_reused_share": prompt_reused_share(results),
-        "home_replica_share": home_replica_share(results),
+        **token_medians(waited),
+        "prompt_reused_share": prompt_reused_share(waited),
+        "home_replica_share": home_replica_share(waited),
         "replicas": len({r["replica"] for r in results if r.get("replica")}) or None,
         "accepted": sum(r["accepted"] for r in results),
         "accepted_share": float(np.mean([r["accepted"] for r in results])),

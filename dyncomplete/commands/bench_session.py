@@ -30,7 +30,9 @@ EDITOR_COLUMNS = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}")
                   ("cache hits", "prefix_cache_hit_share", "{:.0%}"),
                   ("prompt from cache", "prompt_reused_share", "{:.0%}"),
                   ("from cache", "from_client_cache", "{:.0%}"), ("p50 asked", "p50_asked_ms", "{:.0f}"),
-                  ("background ms", "background_ms", "{:.0f}"),
+                  ("background ms", "background_ms", "{:.0f}"), ("server reused", "reused_share", "{:.0%}"),
+                  ("after taking", "after_accept", "{:.0f}"), ("p50 after taking", "after_accept_p50_ms", "{:.0f}"),
+                  ("prefetch hits", "prefetch_hits", "{:.0%}"),
                   ("prompt tok evaluated", "prompt_tokens_evaluated", "{:.0f}"),
                   ("prompt tok reused", "prompt_tokens_reused", "{:.0f}"),
                   ("tok generated", "tokens_generated", "{:.0f}"), ("lines", "lines_suggested", "{:.0f}"),
@@ -144,8 +146,8 @@ def editor_report(args, sources: list[Path]) -> dict:
 
     def go(name, url, headers):
         results, served = replay_editors(url, args.model, args.client, cursors, args.n_predict, headers,
-                                         args.concurrent)
-        texts[name] = [r["text"] for r in results]
+                                         args.concurrent, accept_ms=args.accept_ms)
+        texts[name] = [r["text"] for r in results if not r["after_accept"]]
         first = next(iter(texts.values()))
         return summarise_editor(results) | served | {
             "same_as_first_row": sum(a == b for a, b in zip(texts[name], first)) / len(first)}
@@ -161,6 +163,7 @@ def editor_report(args, sources: list[Path]) -> dict:
                 rows[name] = go(name, url, {})
     return {"model": args.model, "method": args.method, "client": args.client, "pattern": args.pattern,
             "route": CLIENTS[args.client].route, "n_predict": args.n_predict, "editors": args.concurrent,
+            "accept_ms": args.accept_ms,
             "files": sorted({c.file for c in cursors}), "pauses": len(cursors), "rows": rows}
 
 
@@ -221,6 +224,9 @@ def register(sub) -> None:
     p.add_argument("--concurrent", type=int, default=1, metavar="K",
                    help="editors typing at once, each its own files (round-robin over --source/--files, which "
                         "must give at least K) and its own X-Client-Id; adds throughput and the server's batching")
+    p.add_argument("--accept-ms", type=int, default=0, metavar="MS",
+                   help="a user who takes a one-line suggestion of the line's rest MS after it shows, whereupon "
+                        "the editor asks again at the line's end (what the server's prefetch answers); 0: never")
     p.add_argument("--url", help="use this running server instead of starting one")
     p.add_argument("--api-key", help="with --url: the server's API key")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -61,7 +61,8 @@ def run(args) -> int:
                         cache_bytes=int(args.cache_mb * 2**20), cache_reuse=args.cache_reuse,
                         cache_reuse_copies=args.cache_reuse_copies,
                         client_memory=args.client_memory == "on",
-                        ngram_cache=args.ngram_cache == "on")
+                        ngram_cache=args.ngram_cache == "on", suggestions=args.suggestions == "on",
+                        prefetch=args.prefetch == "on")
     if args.ray:
         from ..serve.cluster import deploy
 
@@ -144,6 +145,14 @@ def register(sub) -> None:
     p.add_argument("--ngram-cache", default="on", choices=["on", "off"],
                    help="n-gram drafting (lookup) may copy each client's earlier completions (a request opts out "
                         'with "ngram_cache": false); outputs are the same either way')
+    p.add_argument("--suggestions", default="on", choices=["on", "off"],
+                   help="answer a request whose typing continues one of the editor's recent answers (same text "
+                        "after the cursor) with that answer's rest, without the model, as llama.vim and Continue "
+                        "do in the editor")
+    p.add_argument("--prefetch", default="on", choices=["on", "off"],
+                   help="with --suggestions and one slot: once a request is answered and none waits, generate the "
+                        "request for the text with the answer accepted (llama.vim's speculative FIM, in the "
+                        "server); any request stops it")
     p.add_argument("--max-connections", type=positive(int), default=256,
                    help="open connections; more are answered 503 at once")
     p.add_argument("--ray", metavar="ADDRESS",

@@ -44,7 +44,7 @@ def job_for(server: Server, request: Request, req: CompletionRequest, emit: Call
     budget = server.settings.context_budget
     prefix, suffix, clipped = clip_prompt(req.prefix, req.suffix, budget)
     job = Job(prefix=prefix, suffix=suffix, params=req.params, method=req.method, use_cache=req.prefix_cache,
-              client_id=client_scope(request, req.client_id),
+              client_id=client_scope(request, req.client_id), editor=editor_of(request),
               deadline=time.perf_counter() + server.settings.request_timeout_s, emit=emit, clipped=clipped,
               context=clip_context(req.context, budget), budget=req.budget, memory=memory_of(server, request, req),
               history=history_of(server, request, req))

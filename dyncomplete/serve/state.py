@@ -16,6 +16,7 @@ from .client_files import ClientFiles
 from .client_history import ClientHistory
 from .http import Limits
 from .prefix_cache import PrefixCache
+from .suggestions import Suggestions
 from .worker import Worker
 
 # Allowed besides the default method unless --methods says otherwise: built-ins that load nothing.
@@ -41,6 +42,8 @@ class Settings:
     cache_reuse_copies: int = 2  # a position is copied at most this many times, then prefilled again (0: no limit)
     client_memory: bool = True  # remember the files each editor sent and retrieve from them
     ngram_cache: bool = True  # n-gram drafting may copy a client's earlier completions
+    suggestions: bool = True  # answer from an editor's kept answers where its typing continues one (suggestions.py)
+    prefetch: bool = True  # with suggestions and one slot: prefetch the request for a suggestion accepted
     max_body_bytes: int = 2 * 2**20
 
 
@@ -56,7 +59,7 @@ class Server:
         self.methods = list(dict.fromkeys((settings.default_method, *settings.methods)))
         self.worker = Worker(model, self.methods, settings.queue_size, settings.context_budget, self.prefix_cache,
                              self.client_files, self.client_history, settings.suffix_budget, settings.cursor_line,
-                             settings.parallel)
+                             settings.parallel, Suggestions() if settings.suggestions else None, settings.prefetch)
         self.method_families = families()
 
 

@@ -9,6 +9,11 @@ client disconnects, when a newer request of the same client supersedes it, or at
 each sets the flag that `generate` polls after every token, and the deadline is checked again
 once the prompt is tokenised, before the model runs. The methods a request may pick are built
 once, at start: a request never builds one (some load exit heads or a draft model).
+
+A request that an editor's recent answer or the prefetched one already answers is answered from
+it without the model (suggestions.py). With one slot, once a request is answered and none waits,
+the slot prefetches the request for the text with that answer accepted; a new request stops it,
+unless it is that request.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..energy import open_meter
-from ..engine import GenerationParams, build_prompt
+from ..engine import Completion, GenerationParams, Stats, build_prompt
 from ..engine.repo_context import RepoContext
 from ..methods import make_method
 from ..models import native
@@ -34,6 +39,7 @@ from .client_history import ClientHistory
 from .prefix_cache import PrefixCache
 from .report import stats_object
 from .request import ApiError
+from .suggestions import Suggestions, accepted, same_request
 
 log = logging.getLogger("dyncomplete.serve")
 
@@ -48,6 +54,7 @@ class Job:
     method: str
     use_cache: bool
     client_id: str | None  # scoped by the app to the client's verified identity (address, key)
+    editor: str  # whose suggestions it may reuse: its sender and X-Client-Id (jobs.editor_of)
     deadline: float
     emit: Callable[[tuple], None]  # ("text", delta) | ("done", result dict) | ("error", ApiError)
     clipped: bool = False  # the app cut the text by characters before queueing (request.clip_prompt)
@@ -94,9 +101,10 @@ class Worker:
     def __init__(self, model, methods: Sequence[str], queue_size: int, context_budget: int,
                  prefix_cache: PrefixCache, client_files: ClientFiles | None = None,
                  client_history: ClientHistory | None = None, suffix_budget: int = 0, cursor_line: str = "middle",
-                 parallel: int = 1):
+                 parallel: int = 1, suggestions: Suggestions | None = None, prefetch: bool = False):
         """`methods`: the names requests may pick, all built here; `cursor_line`: see prompts.CURSOR_LINES;
-        `parallel`: requests generated at once (continuous batching past 1)."""
+        `parallel`: requests generated at once (continuous batching past 1); `suggestions`: answers
+        kept for reuse (None: none); `prefetch`: with them and one slot, prefetch in idle time."""
         if parallel < 1:
             raise ValueError(f"parallel needs at least 1 slot, got {parallel}")
         self.model = model
@@ -104,6 +112,9 @@ class Worker:
         self.prefix_cache = prefix_cache
         self.client_files = client_files
         self.client_history = client_history
+        self.suggestions = suggestions
+        self.prefetch = prefetch and suggestions is not None and parallel == 1
+        self._prefetching: Job | None = None
         self._methods = build_methods(methods, model)
         self.meter = open_meter(str(model.device))
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
@@ -152,6 +163,8 @@ class Worker:
             except queue.Full:
                 self.counts["rejected_busy"] += 1  # under the lock already
                 raise Busy from None
+            if self._prefetching is not None and not same_request(self._prefetching, job):
+                self._prefetching.cancel("superseded")  # else it finishes, and answers this job
             if job.client_id:
                 older = self._latest.get(job.client_id)
                 if older is not None:
@@ -181,7 +194,10 @@ class Worker:
             try:
                 if job.cancelled():
                     raise _Skipped
-                job.emit(("done", self._run(job, slot)))
+                result = self._run(job, slot)
+                job.emit(("done", result))
+                if self.prefetch:
+                    self._prefetch(job, result, slot)
             except _Skipped:
                 self._count(f"skipped_{job.reason}")
                 job.emit(("error", ApiError(503 if job.reason == "timeout" else 409,
@@ -204,6 +220,30 @@ class Worker:
                     self._running.discard(job)
                     if job.client_id and self._latest.get(job.client_id) is job:
                         del self._latest[job.client_id]
+
+    def _prefetch(self, job: Job, result: dict, slot: int) -> None:
+        """Generate, unless a request waits, the request for the text with `job`'s answer accepted,
+        and keep its answer; a request that arrives meanwhile stops it (`submit`)."""
+        text = result["completion"].text
+        if job.params.editor is None or not text or not self._queue.empty():
+            return
+        ahead = accepted(job, text)
+        if self.suggestions.find(ahead) is not None:  # already kept (an earlier prefetch)
+            return
+        with self._lock:
+            if not self._queue.empty():
+                return
+            self._prefetching = ahead
+        try:
+            self._run(ahead, slot, source="prefetch")
+            self._count("prefetched" if not ahead.cancelled() else "prefetch_stopped")
+        except _Skipped:
+            self._count("prefetch_stopped")
+        except Exception:  # a prefetch fails alone: no request waits for it
+            log.exception("prefetch failed")
+        finally:
+            with self._lock:
+                self._prefetching = None
 
     @property
     def methods(self) -> list[str]:
@@ -232,9 +272,26 @@ class Worker:
         finally:
             self.model_thread.leave(slot)
 
-    def _run(self, job: Job, slot: int) -> dict:
+    def _reused(self, job: Job, found: tuple[str, str, str], started: float) -> dict:
+        """The answer of a request that a kept answer answers: no prompt evaluated, no token generated."""
+        text, stopped_by, source = found
+        self._count(f"reused_{source}")
+        if text:
+            job.emit(("text", text))
+        completion = Completion(text, [], Stats(model=self.model.name, method=job.method, stopped_by=stopped_by))
+        with self.meter.measure() as energy:
+            pass
+        return {"completion": completion,
+                "stats": stats_object(self.model, completion, energy, {
+                    "stopped_by": stopped_by, "queue_s": started - job.submitted, "fim": job.suffix is not None,
+                    "context_chunks": 0, "memory_chunks": 0, "truncated_prompt": job.clipped, "notices": [],
+                    "reused": source})}
+
+    def _run(self, job: Job, slot: int, source: str = "answer") -> dict:
         started = time.perf_counter()
         method = self._method(job.method)
+        if self.suggestions is not None and (found := self.suggestions.find(job)) is not None:
+            return self._reused(job, found, started)
         budget = min(job.budget or self.context_budget, self.context_budget)
         context = job.context
         if job.memory is not None and self.client_files is not None:
@@ -255,6 +312,8 @@ class Worker:
             result = self._generate(method, prompt.ids, params, cache, job, slot)
         if history is not None:
             history.add(job.history, result.token_ids)
+        if self.suggestions is not None and result.stats.stopped_by != "cancelled":
+            self.suggestions.add(job, result.text, result.stats.stopped_by, source)
         if job.use_cache:  # what was prefilled: token healing may have dropped the last prompt token
             self.prefix_cache.store(prompt.ids[: result.stats.prompt_tokens], cache)
         stopped_by = job.reason if result.stats.stopped_by == "cancelled" else result.stats.stopped_by
@@ -274,5 +333,6 @@ class Worker:
                 "memory_chunks": len(context.chunks) - len(job.context.chunks if job.context else ()) if context else 0,
                 "truncated_prompt": truncated,
                 "notices": notices,
+                "reused": None,
             }),
         }
