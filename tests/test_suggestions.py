@@ -57,7 +57,7 @@ def test_the_accepted_request_continues_after_the_answer_with_its_own_guards():
     asked = job(n_indent=4)
     ahead = accepted(asked, ANSWER)
     assert (ahead.prefix, ahead.suffix, ahead.editor, ahead.client_id) == (PREFIX + ANSWER, SUFFIX, "vim", None)
-    assert ahead.params.editor == EditorGuards.for_cursor(PREFIX + ANSWER, SUFFIX, 1.0, 0)
+    assert ahead.params.editor == EditorGuards.for_cursor(PREFIX + ANSWER, SUFFIX, 1.0, 4)
     assert ahead.params.max_new_tokens == asked.params.max_new_tokens
     ahead.cancel("superseded")
     assert ahead.cancelled() and not asked.cancelled()  # a flag of its own

@@ -472,23 +472,28 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
     """Every cursor's request as `client` sends it, after a warm-up request that is not counted;
     a client with a warming request sends it once per typed file, before that file's pauses.
     `accept_ms` > 0: a suggestion the user `takes` is taken that long after it shows, and the editor
-    asks again at the end of the line (llama.vim and llama.vscode ask whenever the cursor moves)."""
+    asks again at the end of the line (llama.vim and llama.vscode ask whenever the cursor moves);
+    the line's later pauses are then skipped (it is typed)."""
     spec = CLIENTS[client]
     chunks = {file: ring_chunks(Path(file)) for file in sorted({c.file for c in cursors})}
     endpoint, results, pauses = f"{url}{spec.route}", [], spec.pauses(spec, n_predict, model)
+    taken_line = None  # a line whose suggestion was taken: its later pauses are not typed
     with httpx.Client(headers=headers or {}, timeout=600) as http:
         for i, cursor in enumerate(cursors):
+            if (cursor.file, cursor.line) == taken_line:
+                continue
             if spec.warm and (i == 0 or cursor.file != cursors[i - 1].file):  # its answer is not read
                 r = http.post(endpoint, json=spec.warm(chunks[cursor.file]).body)
                 checked(r, r.text)
-            if i == 0:
-                spec.send(http, endpoint, spec.request(cursor, chunks[cursor.file], n_predict, model))
+            if i == 0:  # one token: a longer warm-up would leave the server the first pause's answer to reuse
+                spec.send(http, endpoint, spec.request(cursor, chunks[cursor.file], 1, model))
             result = pauses.pause(http, endpoint, cursor, chunks[cursor.file]) | {"pause": i, "after_accept": False}
             results.append(result)
             if accept_ms and takes(result):
                 time.sleep(accept_ms / 1000)
                 after = pauses.pause(http, endpoint, taken(cursor, result["text"]), chunks[cursor.file])
                 results.append(after | {"pause": i, "after_accept": True})
+                taken_line = (cursor.file, cursor.line)
             if progress:
                 progress(i + 1, len(cursors))
     return results

@@ -147,10 +147,11 @@ def editor_report(args, sources: list[Path]) -> dict:
     def go(name, url, headers):
         results, served = replay_editors(url, args.model, args.client, cursors, args.n_predict, headers,
                                          args.concurrent, accept_ms=args.accept_ms)
-        texts[name] = [r["text"] for r in results if not r["after_accept"]]
+        texts[name] = {(r.get("editor", 0), r["pause"]): r["text"] for r in results if not r["after_accept"]}
         first = next(iter(texts.values()))
+        both = texts[name].keys() & first.keys()  # a taken suggestion skips its line's later pauses
         return summarise_editor(results) | served | {
-            "same_as_first_row": sum(a == b for a, b in zip(texts[name], first)) / len(first)}
+            "same_as_first_row": sum(texts[name][k] == first[k] for k in both) / len(both)}
 
     if args.url:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}

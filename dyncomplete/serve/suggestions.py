@@ -60,12 +60,12 @@ def reusable(job) -> bool:
 
 def accepted(job, text: str):
     """The request for the text with `text` inserted at the cursor: the same suffix, the editor
-    guards of the new cursor with no indentation floor (a request's own n_indent cuts the answer
-    again when it is found), a deadline of its own."""
+    guards of the new cursor with the same time cap and indentation floor (the cursor is still on
+    its line, whose indentation the editors send), a cancel flag of its own."""
     guards = job.params.editor
     prefix = job.prefix + text
     if guards is not None:
-        guards = EditorGuards.for_cursor(prefix, job.suffix, guards.time_limit_s)
+        guards = EditorGuards.for_cursor(prefix, job.suffix, guards.time_limit_s, guards.n_indent)
     return dataclasses.replace(job, prefix=prefix, params=dataclasses.replace(job.params, editor=guards),
                                client_id=None, emit=lambda event: None, _flag=threading.Event(), reason="",
                                finished=False)

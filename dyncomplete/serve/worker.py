@@ -39,7 +39,7 @@ from .client_history import ClientHistory
 from .prefix_cache import PrefixCache
 from .report import stats_object
 from .request import ApiError
-from .suggestions import Suggestions, accepted, same_request
+from .suggestions import Suggestions, accepted, reusable, same_request
 
 log = logging.getLogger("dyncomplete.serve")
 
@@ -225,7 +225,7 @@ class Worker:
         """Generate, unless a request waits, the request for the text with `job`'s answer accepted,
         and keep its answer; a request that arrives meanwhile stops it (`submit`)."""
         text = result["completion"].text
-        if job.params.editor is None or not text or not self._queue.empty():
+        if job.params.editor is None or not text or not reusable(job) or not self._queue.empty():
             return
         ahead = accepted(job, text)
         if self.suggestions.find(ahead) is not None:  # already kept (an earlier prefetch)
