@@ -86,7 +86,8 @@ def test_infill_bodies_are_the_templates_with_the_text_fields_filled(tmp_path, c
         template_of(name) | {"input_prefix": "", "input_suffix": "", "input_extra": [], "prompt": "", "n_indent": 0}
     assert (blank.body["input_prefix"], blank.body["input_suffix"]) == (down.before, down.after)
     assert blank.body["input_extra"] == extra and blank.body["n_predict"] == 128
-    assert blank.body["prompt"] == "" and blank.target == "    return 309"  # whitespace only: the model writes it
+    assert blank.body["prompt"] == ""  # whitespace only: llama.vim's model writes it, llama.vscode's server puts it back
+    assert blank.target == {"llama-vim": "    return 309", "llama-vscode": "return 309"}[client]
     assert blank.body["n_indent"] == {"llama-vim": 0, "llama-vscode": 4}[client]
     typed = session.CLIENTS[client].request(typing, extra, 128, "m")
     assert (typed.body["prompt"], typed.body["n_indent"], typed.target) == ("    ret", 4, "urn 309")
@@ -151,6 +152,19 @@ def test_a_taken_suggestion_asks_again_at_the_lines_end_and_counts_for_latency_o
     assert row["requests"] == 4 and row["after_accept"] == 2 and row["prefetch_hits"] == 0.5
     assert row["reused_share"] == 0.5 and row["after_accept_p50_ms"] == pytest.approx(305)
     assert row["accepted"] == 2 and row["p50_ms"] == pytest.approx(450)
+
+
+def test_llama_vscode_shows_the_answer_after_the_indentation_typed(tmp_path):
+    """On a blank line it sends `prompt` "" with `n_indent`, the server puts the blanks back, and
+    the plugin shows the answer without leading blanks: right when it is the line after them."""
+    line_start, third = cursors_on(typed_file(tmp_path), "within", 310)[:2]
+    vscode = session.CLIENTS["llama-vscode"].request(line_start, [], 16, "m")
+    assert vscode.body["prompt"] == "" and vscode.body["n_indent"] == 4 and vscode.target == "return 309"
+    shown = session.scored({"text": "  return 309"}, vscode)
+    assert shown["accepted"] and shown["text"] == "return 309"
+    vim = session.CLIENTS["llama-vim"].request(line_start, [], 16, "m")  # the model writes the indentation
+    assert vim.target == "    return 309" and session.scored({"text": "    return 309"}, vim)["accepted"]
+    assert session.CLIENTS["llama-vscode"].request(third, [], 16, "m").target == "urn 309"
 
 
 def test_a_suggestion_taken_whole_counts_its_lines_that_are_the_files():

@@ -217,6 +217,7 @@ class Request:
     body: dict
     target: str  # what the completion's first line should be
     following: tuple[str, ...] = ()  # the file's lines after the cursor line: what further lines should be
+    drops_leading_blanks: bool = False  # the client shows the answer without its leading blanks
 
 
 def following_lines(cursor: Cursor) -> tuple[str, ...]:
@@ -270,24 +271,31 @@ def template(name: str) -> dict:
     return json.loads((BODIES / name).read_text())
 
 
-def infill_request(template_name: str, cursor: Cursor, extra: list[dict], n_predict: int, n_indent: int) -> Request:
-    """Both llama plugins send a cursor line of only whitespace as an empty `prompt` (the model writes the indent)."""
+def infill_request(template_name: str, cursor: Cursor, extra: list[dict], n_predict: int, n_indent: int,
+                   keeps_indent: bool = False) -> Request:
+    """Both llama plugins send a cursor line of only whitespace as an empty `prompt`. `keeps_indent`:
+    the plugin shows the answer after the blanks already typed, without its own leading blanks."""
     prompt = cursor.typed if cursor.typed.strip() else ""
     body = template(template_name) | {"input_prefix": cursor.before, "input_suffix": cursor.after,
                                       "input_extra": extra, "prompt": prompt, "n_indent": n_indent,
                                       "n_predict": n_predict}
-    return Request(body, cursor.line_text[len(prompt):], following_lines(cursor))
+    kept = keeps_indent and not prompt
+    target = cursor.line_text[len(cursor.typed):] if kept else cursor.line_text[len(prompt):]
+    return Request(body, target, following_lines(cursor), drops_leading_blanks=kept)
 
 
 def llama_vim_request(cursor: Cursor, extra: list[dict], n_predict: int, model: str) -> Request:
-    """llama.vim: `n_indent` 0 on a line of only whitespace, else the line's indentation."""
+    """llama.vim: `n_indent` 0 on a line of only whitespace (the model writes the indentation,
+    and the plugin takes off what is already there), else the line's indentation."""
     indent = indent_of(cursor.typed) if cursor.typed.strip() else 0
     return infill_request("llama_vim_infill.json", cursor, extra, n_predict, indent)
 
 
 def llama_vscode_request(cursor: Cursor, extra: list[dict], n_predict: int, model: str) -> Request:
-    """llama.vscode: `n_indent` is the indentation of the line's text up to the cursor, always."""
-    return infill_request("llama_vscode_infill.json", cursor, extra, n_predict, indent_of(cursor.typed))
+    """llama.vscode: `n_indent` is the indentation of the line's text up to the cursor, always
+    (the server puts those blanks back before the cursor); on a line of only whitespace it shows
+    the answer without leading blanks after the ones typed."""
+    return infill_request("llama_vscode_infill.json", cursor, extra, n_predict, indent_of(cursor.typed), True)
 
 
 def continue_request(cursor: Cursor, extra: list[dict], n_predict: int, model: str) -> Request:
@@ -443,16 +451,18 @@ CLIENTS = {
 
 
 def scored(answer: dict, request: Request) -> dict:
-    """The first line's exactness and ES; and, for a suggestion taken whole, how many of its lines
-    are the file's (from the first, up to the first that is not) and how many it has."""
-    lines = answer["text"].split("\n") if answer["text"].strip() else []
+    """The answer as the client shows it (`text`), its first line's exactness and ES; and, for a
+    suggestion taken whole, how many of its lines are the file's (from the first, up to the first
+    that is not) and how many it has."""
+    shown = answer["text"].lstrip(" \t") if request.drops_leading_blanks else answer["text"]
+    lines = shown.split("\n") if shown.strip() else []
     right = 0
     for got, want in zip(lines, (request.target, *request.following)):
         if got.rstrip() != want.rstrip():
             break
         right += 1
     first_line = lines[0].rstrip() if lines else ""
-    return answer | {"accepted": first_line == request.target.rstrip(),
+    return answer | {"text": shown, "accepted": first_line == request.target.rstrip(),
                      "es": edit_similarity(first_line, request.target.rstrip()),
                      "lines_right": right, "lines_suggested": len(lines)}
 

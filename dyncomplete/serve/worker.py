@@ -314,7 +314,9 @@ class Worker:
             history.add(job.history, result.token_ids)
         if self.suggestions is not None and result.stats.stopped_by != "cancelled":
             self.suggestions.add(job, result.text, result.stats.stopped_by, source)
-        if job.use_cache:  # what was prefilled: token healing may have dropped the last prompt token
+        # what was prefilled (token healing may have dropped the last prompt token); not a prefetch's
+        # prompt, which would add copies to the suffix the editor's next request most likely reuses
+        if job.use_cache and source == "answer":
             self.prefix_cache.store(prompt.ids[: result.stats.prompt_tokens], cache)
         stopped_by = job.reason if result.stats.stopped_by == "cancelled" else result.stats.stopped_by
         self._count(f"stopped_{stopped_by}")
