@@ -97,6 +97,8 @@ def test_the_prefetched_answer_is_the_one_generating_gives(smollm):
         text = first["content"]
         assert text and first["dyncomplete"]["reused"] is None
         wait_for(http.app.state.server.worker, "prefetched")
+        cache = http.app.state.server.prefix_cache  # the prefetch read it without counting or storing
+        assert (cache.counters.lookups, len(cache)) == (1, 1)
         ahead = infill(http, PREFIX + text)
         assert ahead["dyncomplete"]["reused"] == "prefetch" and ahead["tokens_predicted"] == 0
         typed = infill(http, PREFIX + text[:3])  # typing the first answer on

@@ -104,7 +104,7 @@ SESSION_COLUMNS = {
     "cached": Column("prompt cached", "cached_prompt_share", _pct),
     "prompt_tokens": Column("prompt tokens", "mean_prompt_tokens", _fixed(0)),
     "decode_ms": Column("decode ms/token", "decode_ms_per_token", _fixed(1)),
-    "exact": Column("lines exact", lambda r: f"{r['accepted']} of {r['requests']}"),
+    "exact": Column("lines exact", lambda r: f"{r['accepted']} of {r['requests'] - r.get('after_accept', 0)}"),
     "es": Column("ES", "es", _fixed(1)),
     "chunks": Column("context chunks", "mean_context_chunks", _fixed(1)),
     "client": Column("client", lambda r: r["run"].get("client"), align="---"),
@@ -126,6 +126,10 @@ SESSION_COLUMNS = {
     "results": Column("results file", lambda r: f"`{r['file']}`", align="---"),
     "home": Column("pauses on the editor's main replica", "home_replica_share", _pct),
     "replicas": Column("replicas that answered", "replicas"),
+    "reused": Column("answered from kept answers", "reused_share", _pct),
+    "taken": Column("asked after a suggestion was taken", "after_accept"),
+    "taken_p50": Column("p50 ms of those", "after_accept_p50_ms", _fixed(0)),
+    "prefetch_hits": Column("of those, from the prefetch", "prefetch_hits", _pct),
 }
 SESSION_DEFAULT = ("model", "method", "row", "n", "p50", "p95", "ttft_p50", "cached", "exact")
 

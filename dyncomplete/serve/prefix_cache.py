@@ -68,11 +68,12 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, ids: list[int]) -> tuple[KVCache | None, int]:
+    def lookup(self, ids: list[int], touch: bool = True) -> tuple[KVCache | None, int]:
         """A private copy of the cache sharing the longest token prefix with `ids`, cropped to
-        that prefix, and its length; (None, 0) when no entry shares a token."""
+        that prefix, and its length; (None, 0) when no entry shares a token. `touch` False (a
+        prefetch): the entries' order of use and the counters stay as they were."""
         with self._lock:
-            self.counters.lookups += 1
+            self.counters.lookups += touch
             best_key, best = None, 0
             for key in self._entries:
                 n = common_prefix_length(key, ids)
@@ -86,10 +87,11 @@ class PrefixCache:
                     best_key, best, chunks = recent, reused, plan
             if best_key is None:
                 return None, 0
-            self._entries.move_to_end(best_key)
             source = self._entries[best_key]
-            self.counters.hits += 1
-            self.counters.reused_tokens += best
+            if touch:
+                self._entries.move_to_end(best_key)
+                self.counters.hits += 1
+                self.counters.reused_tokens += best
         # entries are never mutated in place, so copying outside the lock is safe
         if chunks:
             return assemble(source, chunks, len(ids), self.inv_freq, -(-len(ids) // SPAN) * SPAN), best

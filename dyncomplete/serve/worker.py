@@ -225,7 +225,8 @@ class Worker:
         """Generate, unless a request waits, the request for the text with `job`'s answer accepted,
         and keep its answer; a request that arrives meanwhile stops it (`submit`)."""
         text = result["completion"].text
-        if job.params.editor is None or not text or not reusable(job) or not self._queue.empty():
+        if job.params.editor is None or not text or not reusable(job) or result["stats"]["reused"] \
+                or not self._queue.empty():  # after a reused answer: no context to prefetch with
             return
         ahead = accepted(job, text)
         if self.suggestions.find(ahead) is not None:  # already kept (an earlier prefetch)
@@ -235,7 +236,7 @@ class Worker:
                 return
             self._prefetching = ahead
         try:
-            self._run(ahead, slot, source="prefetch")
+            self._run(ahead, slot, source="prefetch", context=result["context"])
             self._count("prefetched" if not ahead.cancelled() else "prefetch_stopped")
         except _Skipped:
             self._count("prefetch_stopped")
@@ -287,22 +288,26 @@ class Worker:
                     "context_chunks": 0, "memory_chunks": 0, "truncated_prompt": job.clipped, "notices": [],
                     "reused": source})}
 
-    def _run(self, job: Job, slot: int, source: str = "answer") -> dict:
+    def _run(self, job: Job, slot: int, source: str = "answer", context: RepoContext | None = None) -> dict:
+        """The job's answer; `source` "prefetch": `context` is the context of the answer it follows,
+        and it neither touches the editor's memories nor stores its prompt in the prefix cache."""
         started = time.perf_counter()
         method = self._method(job.method)
         if self.suggestions is not None and (found := self.suggestions.find(job)) is not None:
             return self._reused(job, found, started)
         budget = min(job.budget or self.context_budget, self.context_budget)
-        context = job.context
-        if job.memory is not None and self.client_files is not None:
-            context = self.client_files.context(job.memory, job.prefix, job.suffix, job.context)
+        prefetch = source == "prefetch"
+        if not prefetch:
+            context = job.context
+            if job.memory is not None and self.client_files is not None:
+                context = self.client_files.context(job.memory, job.prefix, job.suffix, job.context)
         prompt = build_prompt(self.model.tokenizer, job.prefix, job.suffix, budget, context, self.suffix_budget,
                               self.cursor_line)
         if job.cancelled():  # tokenising counts against the deadline too
             raise _Skipped
         cache = None  # no prefix cache for this request: the method prefills the whole prompt
         if job.use_cache:
-            cache, _ = self.prefix_cache.lookup(prompt.ids)
+            cache, _ = self.prefix_cache.lookup(prompt.ids, touch=not prefetch)
             cache = cache if cache is not None else self.model.new_cache()
         params, history = job.params, None
         if job.history is not None and self.client_history is not None:
@@ -316,7 +321,7 @@ class Worker:
             self.suggestions.add(job, result.text, result.stats.stopped_by, source)
         # what was prefilled (token healing may have dropped the last prompt token); not a prefetch's
         # prompt, which would add copies to the suffix the editor's next request most likely reuses
-        if job.use_cache and source == "answer":
+        if job.use_cache and not prefetch:
             self.prefix_cache.store(prompt.ids[: result.stats.prompt_tokens], cache)
         stopped_by = job.reason if result.stats.stopped_by == "cancelled" else result.stats.stopped_by
         self._count(f"stopped_{stopped_by}")
@@ -326,6 +331,7 @@ class Worker:
         notices = [n for n in (prompt.notice, "the prompt was cut to the context budget "
                                f"({budget} tokens, from the start)" if truncated else "") if n]
         return {
+            "context": context,  # for a prefetch after it (not sent: the routes read completion and stats)
             "completion": result,
             "stats": stats_object(self.model, result, energy, {
                 "stopped_by": stopped_by,
