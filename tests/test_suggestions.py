@@ -9,7 +9,7 @@ from starlette.testclient import TestClient
 
 from dyncomplete.engine import EditorGuards, GenerationParams
 from dyncomplete.serve import Settings, create_app
-from dyncomplete.serve.suggestions import TYPED_BACK, Suggestions, accepted, same_request
+from dyncomplete.serve.suggestions import TYPED_BACK, Suggestions, accepted, same_request, shown
 from dyncomplete.serve.worker import Job
 
 PREFIX, SUFFIX = "def area(r):\n    ", "\n\nprint(area(2))\n"
@@ -38,6 +38,16 @@ def test_typing_on_gets_the_rest_of_the_answer_it_continues():
     kept.add(job(), long, "max_tokens", "answer")
     assert kept.find(job(PREFIX + long[:TYPED_BACK])) == ("xx", "max_tokens", "answer")
     assert kept.find(job(PREFIX + long[:TYPED_BACK + 1])) is None  # typed too far past it
+
+
+def test_an_answer_after_typed_blanks_is_followed_as_the_editors_insert_it():
+    """At a cursor after only blanks Qwen2.5-Coder writes the indentation again; the plugins drop it."""
+    kept = Suggestions()
+    kept.add(job(), "    return r", "eos", "answer")
+    assert kept.find(job()) == ("    return r", "eos", "answer")  # the same request: the same answer
+    assert kept.find(job(PREFIX + "ret")) == ("urn r", "eos", "answer")
+    assert accepted(job(), "    return r").prefix == PREFIX + "return r"
+    assert shown("x = 1\n  ", "      y") == "    y" and shown("x = (", "  y") == "  y"
 
 
 def test_a_sampled_answer_is_not_kept():
@@ -99,13 +109,14 @@ def test_the_prefetched_answer_is_the_one_generating_gives(smollm):
         wait_for(http.app.state.server.worker, "prefetched")
         cache = http.app.state.server.prefix_cache  # the prefetch read it without counting or storing
         assert (cache.counters.lookups, len(cache)) == (1, 1)
-        ahead = infill(http, PREFIX + text)
+        inserted = shown(PREFIX, text)  # as the editor inserts it after the typed blanks
+        ahead = infill(http, PREFIX + inserted)
         assert ahead["dyncomplete"]["reused"] == "prefetch" and ahead["tokens_predicted"] == 0
-        typed = infill(http, PREFIX + text[:3])  # typing the first answer on
-        assert typed["dyncomplete"]["reused"] == "answer" and typed["content"] == text[3:]
+        typed = infill(http, PREFIX + inserted[:3])  # typing the first answer on
+        assert typed["dyncomplete"]["reused"] == "answer" and typed["content"] == inserted[3:]
     with served(smollm, suggestions=False) as http:
         assert infill(http, PREFIX)["content"] == text
-        fresh = infill(http, PREFIX + text)
+        fresh = infill(http, PREFIX + inserted)
         assert fresh["dyncomplete"]["reused"] is None and fresh["tokens_predicted"] > 0
         assert http.app.state.server.worker.status().get("prefetched", 0) == 0
     assert ahead["content"] == fresh["content"]

@@ -2,7 +2,7 @@
 one prefetched for the text with its last suggestion accepted.
 
 - Typing on: a request whose text before the cursor is an earlier answer's plus up to TYPED_BACK
-  typed characters that the answer starts with, with the same text after the cursor, gets the
+  typed characters that the answer (as the editor inserted it, `shown`) starts with, with the same text after the cursor, gets the
   answer's rest at once. llama.vim (`s:fim_try_hint`) and Continue do this in the editor; here it
   holds for every client.
 - Prefetch (llama.vim's "speculative FIM", done in the server): once a request is answered and
@@ -58,12 +58,22 @@ def reusable(job) -> bool:
     return job.params.temperature == 0
 
 
+def shown(before: str, text: str) -> str:
+    """An answer as llama.vim and llama.vscode insert it at a cursor after only blanks on its line:
+    without the leading blanks already typed there (Qwen2.5-Coder writes them again)."""
+    line = before[before.rfind("\n") + 1:]
+    if line.strip():
+        return text
+    lead = len(text) - len(text.lstrip(" \t"))
+    return text[min(lead, len(line)):]
+
+
 def accepted(job, text: str):
     """The request for the text with `text` inserted at the cursor: the same suffix, the editor
     guards of the new cursor with the same time cap and indentation floor (the cursor is still on
     its line, whose indentation the editors send), a cancel flag of its own."""
     guards = job.params.editor
-    prefix = job.prefix + text
+    prefix = job.prefix + shown(job.prefix, text)
     if guards is not None:
         guards = EditorGuards.for_cursor(prefix, job.suffix, guards.time_limit_s, guards.n_indent)
     return dataclasses.replace(job, prefix=prefix, params=dataclasses.replace(job.params, editor=guards),
@@ -96,11 +106,12 @@ class Suggestions:
             if e.editor != job.editor or e.suffix != job.suffix or not job.prefix.startswith(e.before):
                 continue
             typed = job.prefix[len(e.before):]
-            if len(typed) > TYPED_BACK or not e.text.startswith(typed) or typed and len(e.text) == len(typed):
+            text = shown(e.before, e.text) if typed else e.text  # typing on follows the answer as inserted
+            if len(typed) > TYPED_BACK or not text.startswith(typed) or typed and len(text) == len(typed):
                 continue
             if e.setting != setting:
                 continue
-            rest, stopped_by = e.text[len(typed):], e.stopped_by
+            rest, stopped_by = text[len(typed):], e.stopped_by
             if job.params.editor is not None and (cut := job.params.editor.cut(rest, 0, 0.0, final=True)):
                 rest, stopped_by = rest[: cut[0]], cut[1]
             return rest, stopped_by, e.source
