@@ -121,6 +121,11 @@ def test_homes_are_bounded_by_each_replicas_share_and_kept():
         moved[editor] = assign_home(editor, order(editor, running), moved)
     assert all(moved[e] == homes[e] for e in homes if homes[e] != "r2")
     assert set(moved.values()) == {"r0", "r1"} and max(collections.Counter(moved.values()).values()) <= 5
+    crowded = {f"editor-{k}": "r0" for k in range(4)}  # four editors on the one replica there was
+    for _ in range(2):  # a replica added: each editor's next requests
+        for editor in crowded:
+            crowded[editor] = assign_home(editor, order(editor, replicas[:2]), crowded)
+    assert sorted(collections.Counter(crowded.values()).values()) == [2, 2]
 
 
 @pytest.mark.model

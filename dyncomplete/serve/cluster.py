@@ -59,12 +59,15 @@ def rendezvous(key: str, replicas: list[RunningReplica]) -> list[RunningReplica]
 
 def assign_home(editor: str, order: list[str], homes: dict[str, str]) -> str:
     """The editor's home among `order` (its rendezvous order of the running replicas' ids): the
-    one it has if that still runs, else the first in its order holding fewer than
-    ceil(active editors / replicas) of the editors in `homes` (editor -> replica id)."""
-    if homes.get(editor) in order:
-        return homes[editor]
+    one it has if that still runs and holds no more than share = ceil(active editors / replicas)
+    of the editors in `homes` (editor -> replica id) with it, else the first in its order holding
+    fewer than the share. So editors leave a lost replica, and an over-full one when replicas are
+    added (autoscaling), one cold prompt each, until each replica holds its share."""
     share = math.ceil(len({*homes, editor}) / len(order))
     held = collections.Counter(home for other, home in homes.items() if other != editor)
+    current = homes.get(editor)
+    if current in order and held[current] < share:
+        return current
     return next(replica for replica in order if held[replica] < share)
 
 
