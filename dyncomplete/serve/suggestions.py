@@ -2,9 +2,9 @@
 one prefetched for the text with its last suggestion accepted.
 
 - Typing on: a request whose text before the cursor is an earlier answer's plus up to TYPED_BACK
-  typed characters that the answer (as the editor inserted it, `shown`) starts with, with the same text after the cursor, gets the
-  answer's rest at once. llama.vim (`s:fim_try_hint`) and Continue do this in the editor; here it
-  holds for every client.
+  typed characters that the answer starts with (as the editor inserted it, `shown`), with the
+  same text after the cursor, gets the answer's rest at once. llama.vim (`s:fim_try_hint`) and
+  Continue do this in the editor; here it holds for every client.
 - Prefetch (llama.vim's "speculative FIM", done in the server): once a request is answered and
   nothing waits, the worker generates the request for the text with the suggestion inserted
   (`accepted`), and stops the moment a request arrives (worker.py). Its answer waits here.

@@ -290,7 +290,8 @@ class Worker:
 
     def _run(self, job: Job, slot: int, source: str = "answer", context: RepoContext | None = None) -> dict:
         """The job's answer; `source` "prefetch": `context` is the context of the answer it follows,
-        and it neither touches the editor's memories nor stores its prompt in the prefix cache."""
+        and it neither adds to the editor's memories (files, n-grams) nor stores its prompt in the
+        prefix cache, which it reads without reordering."""
         started = time.perf_counter()
         method = self._method(job.method)
         if self.suggestions is not None and (found := self.suggestions.find(job)) is not None:
@@ -315,7 +316,7 @@ class Worker:
             params = dataclasses.replace(params, history=history.tokens(job.history))
         with self.meter.measure() as energy:
             result = self._generate(method, prompt.ids, params, cache, job, slot)
-        if history is not None:
+        if history is not None and not prefetch:
             history.add(job.history, result.token_ids)
         if self.suggestions is not None and result.stats.stopped_by != "cancelled":
             self.suggestions.add(job, result.text, result.stats.stopped_by, source)
