@@ -144,6 +144,9 @@ def test_a_taken_suggestion_asks_again_at_the_lines_end_and_counts_for_latency_o
     assert not session.takes(session.scored({"text": "urn 308"}, request))
     after = session.taken(cursor, "urn 309")
     assert (after.before, after.typed, after.after) == (cursor.before, "    return 309", cursor.after)
+    line_start = cursors_on(typed_file(tmp_path), "within", 310)[0]  # typed: the 4 blanks
+    assert session.taken(line_start, "    return 309").typed == "    return 309"  # llama.vim's answer
+    assert session.taken(line_start, "return 309").typed == "    return 309"  # llama.vscode's, as shown
     answers = [{"latency_s": s, "ttft_s": None, "prompt_evaluated": 0, "prompt_reused": 9, "generated": 1,
                 "accepted": True, "es": 100.0, "lines_right": 1, "lines_suggested": 1, "after_accept": a, "reused": r}
                for s, a, r in [(0.4, False, None), (0.01, True, "prefetch"), (0.5, False, "answer"),

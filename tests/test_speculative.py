@@ -27,8 +27,8 @@ NEW_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def prompts(smollm):
-    """24 real prompts: 23 standard-library cuts + one more, shorter cut."""
-    texts = stdlib_prompts(23) + stdlib_prompts(1, chars=200)
+    """16 real prompts: 15 standard-library cuts + one more, shorter cut."""
+    texts = stdlib_prompts(15) + stdlib_prompts(1, chars=200)
     return [smollm.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
 
 
@@ -48,12 +48,12 @@ def identical(method, model, prompts, reference):
 
 @pytest.mark.model
 @pytest.mark.parametrize("name", ["lookup", "self-spec", "self-spec:dynamic", "lookup+self"])
-def test_greedy_identical_to_baseline_on_24_prompts(name, smollm, prompts, reference):
-    """24 prompts for lookup and self-spec's proposers, each alone; their combinations on 12
+def test_greedy_identical_to_baseline_on_16_prompts(name, smollm, prompts, reference):
+    """16 prompts for lookup and self-spec's proposers, each alone; their combinations on 8
     (`self-spec:dynamic`: self-spec's proposer under another draft control; `lookup+self`: lookup
     first, self-drafting where it finds nothing), which keeps the suite within CI's time."""
-    assert len(prompts) == 24
-    n = 12 if name in ("self-spec:dynamic", "lookup+self") else 24
+    assert len(prompts) == 16
+    n = 8 if name in ("self-spec:dynamic", "lookup+self") else 16
     stats = identical(methods.make_method(name, smollm), smollm, prompts[:n], reference[:n])
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
     assert drafted > 0 and 0 < accepted <= drafted  # the proposer really drafted, and some landed
@@ -62,7 +62,7 @@ def test_greedy_identical_to_baseline_on_24_prompts(name, smollm, prompts, refer
 @pytest.mark.model
 @pytest.mark.parametrize("name", ["stand", "stand:10/tree"])
 def test_stand_greedy_identical_to_baseline(name, smollm, prompts, reference):
-    """STAND's chains and trees on the first 10 prompts (token trees are verified on 24 with retrieval's)."""
+    """STAND's chains and trees on the first 10 prompts (token trees are verified on 16 with retrieval's)."""
     stats = identical(methods.make_method(name, smollm), smollm, prompts[:10], reference[:10])
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
     assert drafted > 0 and 0 < accepted <= drafted
@@ -80,9 +80,9 @@ def stdlib_store(smollm):
 
 @pytest.mark.model
 @pytest.mark.parametrize("tree", [True, False])
-def test_retrieval_greedy_identical_to_baseline_on_24_prompts(tree, smollm, prompts, reference, stdlib_store):
-    """Trees on all 24 prompts; chains (verified as lookup's are) on the first 12."""
-    n = 24 if tree else 12
+def test_retrieval_greedy_identical_to_baseline_on_16_prompts(tree, smollm, prompts, reference, stdlib_store):
+    """Trees on all 16 prompts; chains (verified as lookup's are) on the first 8."""
+    n = 16 if tree else 8
     stats = identical(SpeculativeDecoding(RetrievalProposer(stdlib_store, tree=tree)), smollm, prompts[:n],
                       reference[:n])
     from_store = [c for s in stats for source, c in s.by_source.items() if "datastore" in source]
@@ -103,7 +103,7 @@ def reference_bf16(smollm_bf16, prompts):
 
 @pytest.mark.model
 def test_retrieval_tree_identical_in_bfloat16(smollm_bf16, prompts, reference_bf16, stdlib_store, request):
-    """Token trees, the widest passes, on the first 10 prompts: their 24 are in float32 above, and
+    """Token trees, the widest passes, on the first 10 prompts: their 16 are in float32 above, and
     test_invariant.py checks the bfloat16 rows alone against a verification pass directly."""
     rows_may_depend_on_count(request, smollm_bf16)
     identical(SpeculativeDecoding(RetrievalProposer(stdlib_store, tree=True)), smollm_bf16, prompts[:BF16_PROMPTS],
@@ -119,7 +119,7 @@ def test_greedy_identical_to_baseline_in_bfloat16_too(smollm_bf16, prompts, refe
 
 @pytest.mark.model
 def test_draft_model_drafting_for_itself_is_always_accepted(smollm, prompts, reference):
-    """On the first 10 prompts: acceptance, not identity, is the point (identity has its 24 above)."""
+    """On the first 10 prompts: acceptance, not identity, is the point (identity has its 16 above)."""
     twin = load("smollm2-135m", dtype="float32", progress=lambda m: None)
     method = SpeculativeDecoding(DraftModelProposer(twin, smollm, max_draft=4))
     stats = identical(method, smollm, prompts[:10], reference[:10])

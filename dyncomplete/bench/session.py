@@ -473,7 +473,12 @@ def takes(result: dict) -> bool:
 
 
 def taken(cursor: Cursor, text: str) -> Cursor:
-    """The cursor after a suggestion of the line's rest was taken: at the end of the line."""
+    """The cursor after a suggestion of the line's rest was taken: at the end of the line. After
+    blanks only, the suggestion's own leading blanks up to as many are dropped (llama.vim's answer
+    holds the whole indentation, as its `s:fim_render` takes off what is typed)."""
+    if not cursor.typed.strip():
+        lead = len(text) - len(text.lstrip(" \t"))
+        text = text[min(lead, len(cursor.typed)):]
     return dataclasses.replace(cursor, typed=cursor.typed + text)
 
 
