@@ -40,6 +40,7 @@ import numpy as np
 from . import llama_vim
 from .llama_vim import indent_of
 from ..serve.forward import REPLICA_HEADER
+from ..serve.suggestions import shown
 from .metrics import edit_similarity
 
 CONTEXT_FILE_BYTES = 256 * 2**10  # a sibling file larger than this is not sent
@@ -454,15 +455,15 @@ def scored(answer: dict, request: Request) -> dict:
     """The answer as the client shows it (`text`), its first line's exactness and ES; and, for a
     suggestion taken whole, how many of its lines are the file's (from the first, up to the first
     that is not) and how many it has."""
-    shown = answer["text"].lstrip(" \t") if request.drops_leading_blanks else answer["text"]
-    lines = shown.split("\n") if shown.strip() else []
+    text = answer["text"].lstrip(" \t") if request.drops_leading_blanks else answer["text"]
+    lines = text.split("\n") if text.strip() else []
     right = 0
     for got, want in zip(lines, (request.target, *request.following)):
         if got.rstrip() != want.rstrip():
             break
         right += 1
     first_line = lines[0].rstrip() if lines else ""
-    return answer | {"text": shown, "accepted": first_line == request.target.rstrip(),
+    return answer | {"text": text, "accepted": first_line == request.target.rstrip(),
                      "es": edit_similarity(first_line, request.target.rstrip()),
                      "lines_right": right, "lines_suggested": len(lines)}
 
@@ -473,13 +474,10 @@ def takes(result: dict) -> bool:
 
 
 def taken(cursor: Cursor, text: str) -> Cursor:
-    """The cursor after a suggestion of the line's rest was taken: at the end of the line. After
-    blanks only, the suggestion's own leading blanks up to as many are dropped (llama.vim's answer
-    holds the whole indentation, as its `s:fim_render` takes off what is typed)."""
-    if not cursor.typed.strip():
-        lead = len(text) - len(text.lstrip(" \t"))
-        text = text[min(lead, len(cursor.typed)):]
-    return dataclasses.replace(cursor, typed=cursor.typed + text)
+    """The cursor after a suggestion of the line's rest was taken: at the end of the line, the
+    suggestion inserted as the server expects the plugins to insert it (after blanks only, without
+    its own leading blanks up to as many: llama.vim's answer holds the whole indentation)."""
+    return dataclasses.replace(cursor, typed=cursor.typed + shown(cursor.typed, text))
 
 
 def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_predict: int,

@@ -73,7 +73,8 @@ class PrefixCache:
         that prefix, and its length; (None, 0) when no entry shares a token. `touch` False (a
         prefetch): the entries' order of use and the counters stay as they were."""
         with self._lock:
-            self.counters.lookups += touch
+            if touch:
+                self.counters.lookups += 1
             best_key, best = None, 0
             for key in self._entries:
                 n = common_prefix_length(key, ids)
