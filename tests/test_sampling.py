@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dyncomplete.engine import GenerationParams
-from dyncomplete.engine.sampling import draw, make_generator, sampling_probs
+from dyncomplete.engine.sampling import draw, make_generator, sample_index, sampling_probs
 from dyncomplete.methods.verify import Draft, accept
 
 
@@ -18,6 +18,15 @@ def test_greedy_draws_the_argmax_without_a_distribution():
 def test_top_p_keeps_the_smallest_set_over_p():
     probs = sampling_probs(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), GenerationParams(temperature=1.0, top_p=0.8))
     torch.testing.assert_close(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+
+
+def test_a_draw_follows_the_weights_and_never_picks_a_zero():
+    weights = torch.tensor([0.0, 2.0, 0.0, 1.2, 0.8, 0.0])  # unnormalised: 0.5, 0.3, 0.2
+    gen = torch.Generator().manual_seed(3)
+    counts = torch.bincount(torch.tensor([sample_index(weights, gen) for _ in range(20000)]), minlength=6)
+    assert counts[[0, 2, 5]].sum() == 0
+    torch.testing.assert_close(counts[[1, 3, 4]] / 20000, torch.tensor([0.5, 0.3, 0.2]), atol=0.015, rtol=0)
+    assert sample_index(torch.tensor([0.0, 0.0, 1e-30]), gen) == 2  # a single nonzero weight, however small
 
 
 @pytest.mark.parametrize("device", ["cpu", *(["cuda"] if torch.cuda.is_available() else [])])
