@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.params import GenerationParams
-from ..engine.sampling import sampling_probs
+from ..engine.sampling import sample_index, sampling_probs
 
 
 @dataclass
@@ -104,9 +104,9 @@ def accept_sampled(
             residual = (p - draft_probs[i]).clamp_min(0.0)
         if float(residual.sum()) <= 0.0:  # p == q up to rounding: nothing to correct
             residual = p
-        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+        return i, sample_index(residual, generator)
     bonus = sampling_probs(logits[len(tokens)], params)
-    return len(tokens), int(torch.multinomial(bonus, 1, generator=generator))
+    return len(tokens), sample_index(bonus, generator)
 
 
 def accept_tree(logits: torch.Tensor, draft: Draft, params: GenerationParams,
@@ -120,7 +120,7 @@ def accept_tree(logits: torch.Tensor, draft: Draft, params: GenerationParams,
     path, row = [], 0
     while True:
         token = (int(torch.argmax(logits[row])) if params.temperature == 0
-                 else int(torch.multinomial(sampling_probs(logits[row], params), 1, generator=generator)))
+                 else sample_index(sampling_probs(logits[row], params), generator))
         child = children.get((row, token))
         if child is None:
             return path, token
