@@ -1,7 +1,8 @@
 """Continuous batching (int4, decode.c): several sequences' rows in one call give each sequence the
 bits it gets alone, and a worker with parallel slots gives every request baseline's tokens alone,
 whatever shares its batches (prompts in chunks, other requests joining and leaving, a cancelled
-one, a method that runs alone)."""
+one, a method that runs alone, lookup's verification passes under a shared verify budget); the
+budget's choice of drafted positions (TETRIS)."""
 
 import time
 
@@ -10,7 +11,7 @@ import torch
 from helpers import ids_of, run_jobs, stdlib_prompts
 
 from dyncomplete.engine import GenerationParams
-from dyncomplete.serve.batching import ModelThread
+from dyncomplete.serve.batching import ModelThread, shared_draft_lengths
 from dyncomplete.serve.prefix_cache import PrefixCache
 from dyncomplete.serve.worker import Job, Worker
 
@@ -37,16 +38,16 @@ def test_batched_rows_are_each_sequences_own_bits(smollm_int4):
             if done[k] < len(ids):
                 chunk = ids[done[k] : done[k] + 16]
                 assert smollm_int4.batchable(caches[k], done[k], len(chunk))
-                steps.append((chunk, caches[k], done[k], done[k] + len(chunk) == len(ids)))
+                steps.append((chunk, caches[k], done[k], int(done[k] + len(chunk) == len(ids))))
                 who.append(k)
                 done[k] += len(chunk)
         for k, row in zip(who, smollm_int4.forward_batch(steps)):
             if row is not None:
-                logits[k].append(row)
+                logits[k].append(row[-1])
     for _ in range(5):
-        steps = [([int(logits[k][-1].argmax())], caches[k], done[k], True) for k in range(len(prompts))]
+        steps = [([int(logits[k][-1].argmax())], caches[k], done[k], 1) for k in range(len(prompts))]
         for k, row in enumerate(smollm_int4.forward_batch(steps)):
-            logits[k].append(row)
+            logits[k].append(row[0])
             done[k] += 1
     for mine, theirs in zip(logits, alone):
         assert len(mine) == len(theirs) and all(torch.equal(a, b) for a, b in zip(mine, theirs))
@@ -65,9 +66,9 @@ def job(prefix, method="baseline", n=24):
                client_id=None, editor="", deadline=time.perf_counter() + 600, emit=lambda e: None)
 
 
-def worker_of(model, parallel):
-    w = Worker(model, ["baseline", "lookup"], queue_size=16, context_budget=512, prefix_cache=PrefixCache(2**27),
-               parallel=parallel)
+def worker_of(model, parallel, verify_budget="shared"):
+    w = Worker(model, ["baseline", "lookup", "lookup+stop:1.0"], queue_size=16, context_budget=512,
+               prefix_cache=PrefixCache(2**27), parallel=parallel, verify_budget=verify_budget)
     w.start()
     return w
 
@@ -106,14 +107,14 @@ def test_parallel_slots_give_each_request_its_tokens_alone(smollm_int4, prefixes
 
 def test_a_cancelled_request_and_one_that_runs_alone_change_no_other(smollm_int4, prefixes, alone):
     w = worker_of(smollm_int4, 3)
-    methods = ["baseline", "lookup", "baseline", "baseline", "baseline", "baseline"]
+    methods = ["baseline", "lookup+stop:1.0", "baseline", "lookup", "baseline", "baseline"]
     try:
         finals = run_jobs(w, [job(p, m) for p, m in zip(prefixes, methods)], cancel_after={2: 3})
     finally:
         w.stop()
     results = [result["completion"] for _, result in finals]
     assert finals[2][1]["stats"]["stopped_by"] == "disconnected" and results[2].stats.new_tokens < 24
-    for k in (0, 1, 3, 4, 5):  # lookup is lossless: baseline's tokens too
+    for k in (0, 1, 3, 4, 5):  # lookup is lossless, and a stop rule at 1.0 never fires: baseline's tokens too
         assert results[k].token_ids == alone[k].token_ids
 
 
@@ -128,3 +129,51 @@ def test_a_failing_step_reaches_its_slot_and_the_thread_goes_on(smollm_int4):
         assert torch.equal(logits, smollm_int4.forward(torch.tensor(ids_of(smollm_int4, "import os\n")), smollm_int4.new_cache())[0, -1])
     finally:
         thread.stop()
+
+
+@pytest.mark.parametrize("budget", ["shared", "per-request"])
+def test_lookup_verifies_in_the_batches_and_gives_baselines_tokens(smollm_int4, prefixes, alone, budget):
+    w = worker_of(smollm_int4, 3, budget)
+    try:
+        together = completions(w, prefixes, ["lookup"] * len(prefixes))
+        status = w.status()["batching"]
+    finally:
+        w.stop()
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    assert status["verify_budget"] == budget and status["drafted_rows"] > 0
+    assert max(status["batch_sizes"]) > 1
+    if budget == "per-request":
+        assert status["drafted_rows_cut"] == 0
+
+
+def test_the_shared_budget_keeps_the_likeliest_positions_while_they_pay():
+    # alone (one sure token, one row), an extra row at 0.5 of a step: 0.6 pays, 0.6 * 0.6 no more
+    assert shared_draft_lengths(1, 1, [[0.6, 0.6]], 0.5, 64) == [1]
+    # beside four decode steps the same first position no longer pays for its row
+    assert shared_draft_lengths(5, 5, [[0.6, 0.6]], 0.5, 64) == [0]
+    # the likelier draft gets the rows; cumulative chances decide across drafts
+    assert shared_draft_lengths(2, 2, [[0.95, 0.95, 0.95], [0.3]], 0.2, 64) == [3, 0]
+    # sure drafts fill the batch up to its row bound
+    assert shared_draft_lengths(2, 2, [[1.0] * 10, [1.0] * 10], 0.1, 8) == [3, 3]
+    assert shared_draft_lengths(3, 3, [[], [0.9]], 0.1, 64) == [0, 1]
+
+
+def test_a_cut_verification_gives_the_rows_it_scored(smollm_int4):
+    ids = ids_of(smollm_int4, "import os\nimport sys\n")
+    draft = ids_of(smollm_int4, "import re")
+    thread = ModelThread(smollm_int4, verify_row_cost=0.5)
+    thread.start()
+    try:
+        runs = {}
+        for name, rates in (("unlikely", [0.05] * len(draft)), ("likely", [0.99] * len(draft))):
+            cache = smollm_int4.new_cache()
+            smollm_int4.forward(torch.tensor(ids[:-1]), cache)
+            runs[name] = thread.score_chain(0, [ids[-1]] + draft, cache, len(ids) - 1, rates)
+            assert cache.lengths[0] == len(ids) - 1 + len(runs[name])
+    finally:
+        thread.stop()
+    cache = smollm_int4.new_cache()
+    smollm_int4.forward(torch.tensor(ids[:-1]), cache)
+    full = smollm_int4.score_chain([ids[-1]] + draft, cache, len(ids) - 1)
+    assert len(runs["unlikely"]) == 1 and len(runs["likely"]) == len(draft) + 1
+    assert torch.equal(runs["likely"], full) and torch.equal(runs["unlikely"][0], full[0])

@@ -62,7 +62,7 @@ def run(args) -> int:
                         cache_reuse_copies=args.cache_reuse_copies,
                         client_memory=args.client_memory == "on",
                         ngram_cache=args.ngram_cache == "on", suggestions=args.suggestions == "on",
-                        prefetch=args.prefetch == "on")
+                        prefetch=args.prefetch == "on", verify_budget=args.verify_budget)
     if args.ray:
         from ..serve.cluster import deploy
 
@@ -114,8 +114,13 @@ def register(sub) -> None:
                    help="the key on the command line (visible in the process list; or set DYNCOMPLETE_API_KEY)")
     p.add_argument("--queue-size", type=positive(int), default=16, help="requests waiting beyond this get 503")
     p.add_argument("--parallel", "-np", type=positive(int), default=1, metavar="N",
-                   help="requests generated at once (llama-server's -np): past 1, baseline's decode steps and "
-                        "prompt chunks of all running requests go through the model in one batched call")
+                   help="requests generated at once (llama-server's -np): past 1, the decode steps, lookup's "
+                        "verification passes and the prompt chunks of all running requests go through the model "
+                        "in one batched call")
+    p.add_argument("--verify-budget", default="shared", choices=["shared", "per-request"],
+                   help="with --parallel: which drafted tokens a batched call verifies: those with the most "
+                        "expected tokens per unit of work across the batch (TETRIS), or every request's own draft "
+                        "whole")
     p.add_argument("--timeout", type=positive(float), default=60.0,
                    help="seconds a request may take, queue and tokenising included")
     p.add_argument("--max-tokens-limit", type=positive(int), default=1024, help="largest max_tokens accepted")

@@ -54,7 +54,7 @@ class DecodingMethod:
     prefill as vLLM's time to first token counts it) and `guard` (a check before each token)."""
 
     name = "method"
-    batchable = False  # its model passes are `model.forward` alone, so a server may batch them (serve/batching.py)
+    batchable = False  # its passes are `model.forward` and `score_chain` only: a server may batch them (serve/batching.py)
 
     def generate(
         self,

@@ -37,6 +37,8 @@ PROBE_EVERY = 4  # a match whose drafts do not pay still drafts one token every 
 
 class Proposer:
     name = "proposer"
+    token_chains = False  # drafts only chains of token ids, each with its `rates`: a server may batch its passes
+
 
     def begin(self, model, prompt_ids: list[int], params, generator, stats) -> "Proposer":
         """The proposer for one request: a shallow copy of this one, started on the request."""
@@ -64,6 +66,7 @@ class LookupProposer(Proposer):
     work."""
 
     name = "lookup"
+    token_chains = True
 
     def __init__(self, max_draft: int = 10, max_ngram: int = 3, min_ngram: int = 1, verify_cost: float = VERIFY_COST):
         self.max_draft = max_draft
@@ -102,11 +105,13 @@ class LookupProposer(Proposer):
                 break
         if not self.matched:
             return Draft([], source=self.name)
-        k, _ = best_length(self.trackers[self.matched].rates(), self.verify_cost, self.max_draft)
+        rates = self.trackers[self.matched].rates()
+        k, _ = best_length(rates, self.verify_cost, self.max_draft)
         if k == 0:  # not worth it by the evidence so far; probe one token now and then to update it
             self.unprofitable[self.matched] += 1
             k = int(self.unprofitable[self.matched] % PROBE_EVERY == 0)
-        return Draft(tokens[start : start + k], source=self.matched[0])
+        drafted = tokens[start : start + k]
+        return Draft(drafted, source=self.matched[0], rates=rates[: len(drafted)])
 
     def feedback(self, draft, accepted):
         if draft.tokens:

@@ -43,6 +43,7 @@ class SpeculativeDecoding(DecodingMethod):
 
     def __init__(self, proposer: Proposer):
         self.proposer = proposer
+        self.batchable = proposer.token_chains  # its passes are then `forward` and `score_chain` only
         self._request = threading.local()  # the running request's proposer, per thread
 
     def prepare(self, model, prompt_ids, params, generator, stats):
@@ -67,8 +68,10 @@ class SpeculativeDecoding(DecodingMethod):
         context, position = list(prompt_ids) + [token], len(prompt_ids)
         while True:
             draft = proposer.propose(model, cache, context, position)
-            k = len(draft.tokens)
             logits = score(model, cache, context[-1], draft, position)
+            if len(logits) <= len(draft.tokens):  # a shared verify budget scored the chain's start only
+                draft.trim(len(logits) - 1)
+            k = len(draft.tokens)
             stats.layer_evals += (k + 1) * (depth - draft.start_layer)
             stats.head_evals += k + 1
             if draft.parents is None:

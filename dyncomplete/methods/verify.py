@@ -40,6 +40,15 @@ class Draft:
     source: str = "draft"
     parents: list[int] | None = None  # a tree: parents[i] is the index of token i's parent, -1 the last emitted token
     accepted: list[int] | None = None  # set by verification: the indices of the accepted tokens, in order
+    rates: list[float] | None = None  # each token's estimated acceptance given the ones before it
+
+    def trim(self, k: int) -> None:
+        """Keep the chain's first k tokens: what a shared verify budget scored of it."""
+        if self.parents is not None or self.hidden is not None:
+            raise ValueError("only a chain drafted as token ids can be trimmed")
+        self.tokens = self.tokens[:k]
+        self.probs = None if self.probs is None else self.probs[:k]
+        self.rates = None if self.rates is None else self.rates[:k]
 
     def rows(self) -> list[int] | None:
         """The verification pass's row tree (row 0: the last emitted token), None for a chain."""
@@ -57,8 +66,12 @@ class Draft:
 
 def score(model, cache, last_token: int, draft: Draft, position: int) -> torch.Tensor:
     """Float32 logits (k+1, vocab) at positions position..position+k, where `last_token` sits at
-    `position`: row i predicts the token after draft[:i]. Appends those positions to the cache."""
+    `position`: row i predicts the token after draft[:i]. Appends those positions to the cache.
+    A chain of token ids goes through `model.score_chain`, where a batched model's shared verify
+    budget may score fewer rows: the caller trims the draft to len(logits) - 1 tokens."""
     k = len(draft.tokens)
+    if draft.parents is None and draft.hidden is None:
+        return model.score_chain([last_token] + draft.tokens, cache, position, draft.rates)
     if draft.parents is not None:
         if draft.hidden is not None:
             raise ValueError("a token tree is verified from the embeddings (no drafted hidden states)")

@@ -149,24 +149,32 @@ class LayeredModel:
         return self._engine().batchable(cache, start, q_len)
 
     @torch.inference_mode()
-    def forward_batch(self, steps: list[tuple[list[int], KVCache, int, bool]]) -> list[torch.Tensor | None]:
+    def forward_batch(self, steps: list[tuple[list[int], KVCache, int, int]]) -> list[torch.Tensor | None]:
         """`forward` for several sequences at once (continuous batching): each step is (new token
-        ids, its cache, their first position, whether it wants logits), `batchable`. Returns each
-        step's last-position logits (None where unwanted), the bits `forward` gives it alone."""
+        ids, its cache, their first position, how many of its last positions want logits), each
+        `batchable`. Returns each step's logits (those positions, vocab) (None where unwanted), the
+        bits `forward` gives it alone."""
         engine = self._engine()
         runs = []
         for ids, cache, start, _ in steps:
             ctx = self.context(torch.arange(start, start + len(ids)))
             runs.append((self.embed(torch.tensor(ids), ctx), ctx, cache))
         outs = engine.run_batch(runs)
-        wanted = [k for k, step in enumerate(steps) if step[3]]
-        logits: list[torch.Tensor | None] = [None] * len(steps)
-        for a in range(0, len(wanted), SHORT_QUERY):  # heads of at most SHORT_QUERY rows: the quantized kernel's
-            rows = wanted[a : a + SHORT_QUERY]
-            last = torch.cat([outs[k][:, -1:] for k in rows], dim=1)
-            for k, row in zip(rows, self.head(self.final_norm(last)).float()[0]):
-                logits[k] = row
+        wanted = torch.cat([out[0, len(out[0]) - step[3]:] for out, step in zip(outs, steps)])
+        heads = [self.head(self.final_norm(wanted[None, a : a + SHORT_QUERY])).float()[0]  # the quantized kernel's rows
+                 for a in range(0, len(wanted), SHORT_QUERY)]
+        rows = torch.cat(heads) if heads else wanted
+        logits, at = [], 0
+        for _, _, _, count in steps:
+            logits.append(rows[at : at + count] if count else None)
+            at += count
         return logits
+
+    def score_chain(self, ids: list[int], cache: KVCache, start: int, rates: list[float] | None = None) -> torch.Tensor:
+        """Float32 logits (len(ids), vocab) of a verification pass over a chain of token ids at
+        `start`. `rates` (each drafted token's estimated acceptance) weigh positions only in a
+        batched model's shared verify budget (serve/batching.py), which may score fewer rows."""
+        return self.forward(torch.tensor(ids), cache, start=start, last_only=False)[0]
 
     @torch.inference_mode()
     def forward(

@@ -31,7 +31,8 @@ class Settings:
     limits: Limits = Limits()
     api_key: str | None = None
     queue_size: int = 16
-    parallel: int = 1  # requests generated at once; past 1, baseline's steps are batched (serve/batching.py)
+    parallel: int = 1  # requests generated at once; past 1, baseline's and lookup's steps are batched (serve/batching.py)
+    verify_budget: str = "shared"  # with parallel: drafted rows chosen across the batch, or each request's own ("per-request")
     request_timeout_s: float = 60.0
     max_tokens_limit: int = 1024
     context_budget: int = DEFAULT_CONTEXT_BUDGET
@@ -59,7 +60,8 @@ class Server:
         self.methods = list(dict.fromkeys((settings.default_method, *settings.methods)))
         self.worker = Worker(model, self.methods, settings.queue_size, settings.context_budget, self.prefix_cache,
                              self.client_files, self.client_history, settings.suffix_budget, settings.cursor_line,
-                             settings.parallel, Suggestions() if settings.suggestions else None, settings.prefetch)
+                             settings.parallel, Suggestions() if settings.suggestions else None, settings.prefetch,
+                             settings.verify_budget)
         self.method_families = families()
 
 

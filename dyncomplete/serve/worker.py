@@ -33,6 +33,7 @@ from ..engine import Completion, GenerationParams, Stats, build_prompt
 from ..engine.repo_context import RepoContext
 from ..methods import make_method
 from ..models import native
+from ..models.verify_cost import verify_cost
 from .client_files import ClientFiles
 from .batching import BatchedModel, ModelThread
 from .client_history import ClientHistory
@@ -97,16 +98,23 @@ def build_methods(names: Sequence[str], model) -> dict[str, object]:
     return built
 
 
+VERIFY_BUDGETS = ("shared", "per-request")
+
+
 class Worker:
     def __init__(self, model, methods: Sequence[str], queue_size: int, context_budget: int,
                  prefix_cache: PrefixCache, client_files: ClientFiles | None = None,
                  client_history: ClientHistory | None = None, suffix_budget: int = 0, cursor_line: str = "middle",
-                 parallel: int = 1, suggestions: Suggestions | None = None, prefetch: bool = False):
+                 parallel: int = 1, suggestions: Suggestions | None = None, prefetch: bool = False,
+                 verify_budget: str = "shared"):
         """`methods`: the names requests may pick, all built here; `cursor_line`: see prompts.CURSOR_LINES;
         `parallel`: requests generated at once (continuous batching past 1); `suggestions`: answers
-        kept for reuse (None: none); `prefetch`: with them and one slot, prefetch in idle time."""
+        kept for reuse (None: none); `prefetch`: with them and one slot, prefetch in idle time;
+        `verify_budget`: with slots, "shared" (batching.shared_draft_lengths) or "per-request"."""
         if parallel < 1:
             raise ValueError(f"parallel needs at least 1 slot, got {parallel}")
+        if verify_budget not in VERIFY_BUDGETS:
+            raise ValueError(f"verify_budget is one of {', '.join(VERIFY_BUDGETS)}, got {verify_budget!r}")
         self.model = model
         self.context_budget, self.suffix_budget, self.cursor_line = context_budget, suffix_budget, cursor_line
         self.prefix_cache = prefix_cache
@@ -122,7 +130,10 @@ class Worker:
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         self._running: set[Job] = set()
-        self.model_thread = ModelThread(model) if parallel > 1 else None
+        self.model_thread = None
+        if parallel > 1:
+            row_cost = verify_cost(model) if verify_budget == "shared" else None
+            self.model_thread = ModelThread(model, verify_row_cost=row_cost)
         self._slots = [threading.Thread(target=self._loop, args=(slot,), name=f"dyncomplete-slot-{slot}", daemon=True)
                        for slot in range(parallel)]
 
