@@ -18,7 +18,7 @@ import torch
 
 
 @cache
-def _token_texts(tokenizer) -> tuple[str, ...]:
+def token_texts(tokenizer) -> tuple[str, ...]:
     """The text of every token id, decoded alone (once per tokenizer)."""
     return tuple(tokenizer.batch_decode([[i] for i in range(len(tokenizer))]))
 
@@ -27,7 +27,7 @@ def _token_texts(tokenizer) -> tuple[str, ...]:
 def _extensions(tokenizer, tail: str) -> tuple[int, ...]:
     """Ids of the tokens whose text starts with `tail` (a pass over the vocabulary, kept for the
     tails a session meets again: the indentations and newlines before a cursor)."""
-    return tuple(i for i, text in enumerate(_token_texts(tokenizer)) if text.startswith(tail))
+    return tuple(i for i, text in enumerate(token_texts(tokenizer)) if text.startswith(tail))
 
 
 @dataclass
@@ -48,7 +48,7 @@ def plan(tokenizer, prompt_ids: list[int]) -> Healing | None:
     token, a special last token (the FIM markers), or a last token that no other token extends."""
     if tokenizer is None or len(prompt_ids) < 2 or prompt_ids[-1] in set(tokenizer.all_special_ids):
         return None
-    texts = _token_texts(tokenizer)
+    texts = token_texts(tokenizer)
     tail_id = prompt_ids[-1]
     tail = texts[tail_id] if tail_id < len(texts) else ""
     if not tail or "\ufffd" in tail:  # empty, or part of a multi-byte character

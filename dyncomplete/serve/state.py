@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from ..engine import DEFAULT_CONTEXT_BUDGET
+from ..engine import DEFAULT_CONTEXT_BUDGET, healing
 from ..methods import families
 from ..models.rotary import shift_frequencies
 from .client_files import ClientFiles
@@ -63,6 +63,7 @@ class Server:
                              settings.parallel, Suggestions() if settings.suggestions else None, settings.prefetch,
                              settings.verify_budget)
         self.method_families = families()
+        healing.token_texts(model.tokenizer)  # decoded once now, not by the first request's token healing
 
 
 def server_of(request: Request) -> Server:
