@@ -522,18 +522,25 @@ def server_counters(http: httpx.Client, url: str) -> dict | None:
         return None
     batching = health["worker"].get("batching", {})
     return {"hits": health["prefix_cache"]["hits"], "lookups": health["prefix_cache"]["lookups"],
+            "tokens": health["worker"].get("tokens_generated", 0),
+            "drafted_rows": batching.get("drafted_rows", 0), "drafted_rows_cut": batching.get("drafted_rows_cut", 0),
             "batch_sizes": {int(k): v for k, v in batching.get("batch_sizes", {}).items()}}
 
 
 def served_columns(before: dict | None, after: dict | None, requests: int, wall_s: float) -> dict:
     """Completions the server answered per second of the replay, and over the replay, where the
-    server reports them, its prefix-cache hits per lookup and the median sequences per batched call."""
+    server reports them, the tokens it generated per second, its prefix-cache hits per lookup, the
+    median sequences per batched call and the drafted rows its batches verified and cut."""
     out = {"completions_per_s": requests / wall_s, "server_requests": requests, "wall_s": wall_s,
-           "prefix_cache_hit_share": None, "batch_p50": None, "batch_sizes": None}
+           "tokens_per_s": None, "prefix_cache_hit_share": None, "batch_p50": None, "batch_sizes": None,
+           "drafted_rows": None, "drafted_rows_cut": None}
     if before is None or after is None:
         return out
     lookups = after["lookups"] - before["lookups"]
     out["prefix_cache_hit_share"] = (after["hits"] - before["hits"]) / lookups if lookups else None
+    out["tokens_per_s"] = (after["tokens"] - before["tokens"]) / wall_s
+    for key in ("drafted_rows", "drafted_rows_cut"):
+        out[key] = after[key] - before[key]
     sizes = {k: n - before["batch_sizes"].get(k, 0) for k, n in after["batch_sizes"].items()}
     sizes = {k: n for k, n in sorted(sizes.items()) if n}
     if sizes:
