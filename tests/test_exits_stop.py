@@ -64,3 +64,12 @@ def test_wrapper_runs_the_inner_methods_prompt_work(smollm, inner):
 def test_wrapper_refuses_a_method_that_does_not_use_our_loop(smollm):
     with pytest.raises(ValueError, match="cannot wrap"):
         make_method("hf-generate+stop:0.5", smollm)
+
+
+def test_the_default_models_shipped_stop_rule_gives_baselines_tokens_at_its_strictest(qwen05):
+    ids = qwen05.tokenizer("def area(r):\n    return 3.14 *", add_special_tokens=False).input_ids
+    params = GenerationParams(max_new_tokens=8)
+    never = make_method("baseline+stop:1.0", qwen05).generate(qwen05, ids, params)
+    assert never.token_ids == Baseline().generate(qwen05, ids, params).token_ids and never.stats.extra_macs > 0
+    always = make_method("baseline+stop:-1", qwen05).generate(qwen05, ids, params)
+    assert always.token_ids == [] and always.stats.stopped_by == "stop_rule"
