@@ -39,7 +39,6 @@ class Proposer:
     name = "proposer"
     token_chains = False  # drafts only chains of token ids, each with its `rates`: a server may batch its passes
 
-
     def begin(self, model, prompt_ids: list[int], params, generator, stats) -> "Proposer":
         """The proposer for one request: a shallow copy of this one, started on the request."""
         run = copy.copy(self)
