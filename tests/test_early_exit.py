@@ -161,3 +161,13 @@ def test_shortlist_decisions_are_confirmed_by_the_full_head_and_cost_less(smollm
     rows = make_method("early-exit:confidence@0.6", smollm).shortlist
     hidden = smollm.final_norm(torch.randn(2, smollm.hidden_size))
     torch.testing.assert_close(rows.logits(hidden), smollm.head(hidden).float()[:, rows.index], rtol=1e-4, atol=1e-4)
+
+
+def test_the_default_models_shipped_agent_gives_baselines_tokens_at_its_strictest(qwen05):
+    ids = ids_of(qwen05, "def area(r):\n    return 3.14 *")
+    params = GenerationParams(max_new_tokens=8)
+    base = Baseline().generate(qwen05, ids, params)
+    strict = make_method("early-exit:rl@1.0", qwen05).generate(qwen05, ids, params)
+    assert strict.token_ids == base.token_ids and set(strict.stats.token_layers) == {24}
+    eager = make_method("early-exit:rl@0.0", qwen05).generate(qwen05, ids, params)
+    assert eager.stats.token_layers[1:] == [16] * (len(eager.stats.token_layers) - 1)  # the first check layer
