@@ -177,3 +177,14 @@ def test_a_cut_verification_gives_the_rows_it_scored(smollm_int4):
     full = smollm_int4.score_chain([ids[-1]] + draft, cache, len(ids) - 1)
     assert len(runs["unlikely"]) == 1 and len(runs["likely"]) == len(draft) + 1
     assert torch.equal(runs["likely"], full) and torch.equal(runs["unlikely"][0], full[0])
+
+
+def test_the_servers_verify_budget_choices_are_the_workers():
+    from dyncomplete.cli import build_parser
+    from dyncomplete.serve.worker import VERIFY_BUDGETS
+
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).verify_budget == "shared"
+    assert [parser.parse_args(["serve", "--verify-budget", b]).verify_budget for b in VERIFY_BUDGETS] == list(VERIFY_BUDGETS)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--verify-budget", "tetris"])

@@ -117,6 +117,7 @@ def register(sub) -> None:
                    help="requests generated at once (llama-server's -np): past 1, the decode steps, lookup's "
                         "verification passes and the prompt chunks of all running requests go through the model "
                         "in one batched call")
+    # the choices are worker.VERIFY_BUDGETS, not imported: the serve package imports torch, which --help need not
     p.add_argument("--verify-budget", default="shared", choices=["shared", "per-request"],
                    help="with --parallel: which drafted tokens a batched call verifies: those with the most "
                         "expected tokens per unit of work across the batch (TETRIS), or every request's own draft "

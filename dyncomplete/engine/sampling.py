@@ -25,7 +25,8 @@ def sampling_probs(logits: torch.Tensor, params: GenerationParams) -> torch.Tens
 def sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     """One index drawn with probability proportional to `weights` (1-D, nonnegative): one uniform
     number against the float64 cumulative sum of the nonzero weights. torch.multinomial draws one
-    random number per entry instead, several ms a token over Qwen's 151,936-token vocabulary."""
+    random number per entry instead: over Qwen's 151,936-token vocabulary, a sizeable share of a
+    decode step (docs/results.md, "A sampled token's draw")."""
     nonzero = torch.nonzero(weights).reshape(-1)
     cumulative = torch.cumsum(weights[nonzero].double(), dim=0)
     u = torch.rand((), generator=generator, device=weights.device, dtype=torch.float64) * cumulative[-1]
