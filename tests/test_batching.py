@@ -79,6 +79,15 @@ def completions(worker, prefixes, methods, cancel_after=None):
     return [result["completion"] for _, result in finals]
 
 
+def batched(model, prefixes, method, parallel, verify_budget="shared"):
+    """Every prefix with `method` through a worker of `parallel` slots: (completions, batching status)."""
+    w = worker_of(model, parallel, verify_budget)
+    try:
+        return completions(w, prefixes, [method] * len(prefixes)), w.status()["batching"]
+    finally:
+        w.stop()
+
+
 @pytest.fixture(scope="module")
 def prefixes():
     return stdlib_prompts(6, 600)
@@ -94,12 +103,7 @@ def alone(smollm_int4, prefixes):
 
 
 def test_parallel_slots_give_each_request_its_tokens_alone(smollm_int4, prefixes, alone):
-    w = worker_of(smollm_int4, 4)
-    try:
-        together = completions(w, prefixes, ["baseline"] * len(prefixes))
-        status = w.status()["batching"]
-    finally:
-        w.stop()
+    together, status = batched(smollm_int4, prefixes, "baseline", 4)
     assert [c.token_ids for c in together] == [c.token_ids for c in alone]
     assert max(status["batch_sizes"]) > 1  # the requests did share calls
     assert status["in_generation"] == 0
@@ -133,12 +137,7 @@ def test_a_failing_step_reaches_its_slot_and_the_thread_goes_on(smollm_int4):
 
 @pytest.mark.parametrize("budget", ["shared", "per-request"])
 def test_lookup_verifies_in_the_batches_and_gives_baselines_tokens(smollm_int4, prefixes, alone, budget):
-    w = worker_of(smollm_int4, 3, budget)
-    try:
-        together = completions(w, prefixes, ["lookup"] * len(prefixes))
-        status = w.status()["batching"]
-    finally:
-        w.stop()
+    together, status = batched(smollm_int4, prefixes, "lookup", 3, budget)
     assert [c.token_ids for c in together] == [c.token_ids for c in alone]
     assert status["verify_budget"] == budget and status["drafted_rows"] > 0
     assert max(status["batch_sizes"]) > 1

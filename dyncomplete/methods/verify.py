@@ -69,9 +69,9 @@ def score(model, cache, last_token: int, draft: Draft, position: int) -> torch.T
     `position`: row i predicts the token after draft[:i]. Appends those positions to the cache.
     A chain of token ids goes through `model.score_chain`, where a batched model's shared verify
     budget may score fewer rows: the caller trims the draft to len(logits) - 1 tokens."""
-    k = len(draft.tokens)
     if draft.parents is None and draft.hidden is None:
         return model.score_chain([last_token] + draft.tokens, cache, position, draft.rates)
+    k = len(draft.tokens)
     if draft.parents is not None:
         if draft.hidden is not None:
             raise ValueError("a token tree is verified from the embeddings (no drafted hidden states)")
