@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from .repo_context import RepoContext, render
+from .token_memo import token_ids
 from .window import stable_prefix
 
 DEFAULT_CONTEXT_BUDGET = 1024
@@ -85,14 +86,14 @@ def _file_prompt(tokenizer, prefix: str, suffix: str | None, budget: int, suffix
         if len(typed_ids) <= budget // 8:  # a very long line stays in the prefix, which can be cut
             prefix, mid, budget = lines, typed_ids, budget - len(typed_ids)
     prefix, cut = stable_prefix(tokenizer, prefix, budget * 3 // 4 if fim else budget)
-    pre = tokenizer(prefix, add_special_tokens=False).input_ids
+    pre = list(token_ids(tokenizer, prefix))
     notice = ""
     if suffix and fim is None:
         notice = "this model has no fill-in-the-middle tokens: the suffix is ignored"
     if fim is None:
         truncated = cut or len(pre) > budget
         return Prompt(pre[-budget:], False, truncated, notice)
-    suf = tokenizer(suffix, add_special_tokens=False).input_ids
+    suf = list(token_ids(tokenizer, suffix))
     cut_suffix = 0 < suffix_budget < len(suf)
     suf = suf[:suffix_budget] if cut_suffix else suf
     room = budget - 3

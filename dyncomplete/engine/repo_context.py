@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
+from .token_memo import token_ids
+
 REPO_TOKENS = ("<|repo_name|>", "<|file_sep|>")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LINE_COMMENT = {".py": "#", ".sh": "#", ".rb": "#", ".r": "#", ".toml": "#", ".yaml": "#", ".yml": "#"}
@@ -67,7 +69,7 @@ def render(tokenizer, context: RepoContext, budget: int) -> tuple[list[int], int
     reverse order, so that the most important ends next to the current file."""
 
     def encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False).input_ids
+        return list(token_ids(tokenizer, text))
 
     special = repo_token_ids(tokenizer)
     if special is not None:

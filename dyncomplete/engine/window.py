@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import bisect
 import zlib
+from functools import lru_cache
+
+from .token_memo import token_ids
 
 
 def line_rank(line: str) -> int:
@@ -24,6 +27,7 @@ def line_rank(line: str) -> int:
     return zlib.crc32(text.encode()) if text else -1
 
 
+@lru_cache(maxsize=32)  # typing within a line sends the same prefix (the lines above) again
 def stable_prefix(tokenizer, prefix: str, budget: int) -> tuple[str, bool]:
     """(the prefix cut to at most about `budget` tokens at a stable line start, whether it was cut)."""
     enc = tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
@@ -44,6 +48,6 @@ def stable_prefix(tokenizer, prefix: str, budget: int) -> tuple[str, bool]:
         return line_rank(prefix[start:end if end >= 0 else len(prefix)]), -start
 
     for cut in sorted(lines, key=rank_at, reverse=True):
-        if len(tokenizer(prefix[cut:], add_special_tokens=False).input_ids) <= budget:
+        if len(token_ids(tokenizer, prefix[cut:])) <= budget:  # the prompt builder's own ids of the kept text
             return prefix[cut:], True
     return prefix[token_starts[n - budget + 1]:], True  # no line start fits: the tail
