@@ -22,6 +22,8 @@ def test_plan_backs_up_a_newline_and_allows_only_tokens_that_start_with_it(smoll
     texts = tok.batch_decode([[i] for i in heal.allowed.tolist()])
     assert all(t.startswith("\n") for t in texts)
     assert "\n    " in texts and ids[-1] in heal.allowed.tolist()
+    every = [i for i, text in enumerate(healing.token_texts(tok)) if text.startswith("\n")]
+    assert heal.allowed.tolist() == every  # all of them, in id order (found in the sorted texts)
 
 
 def test_nothing_to_heal_after_a_special_token_or_a_single_token(smollm):

@@ -11,8 +11,9 @@ itself included); the completion's text then begins after the dropped text. The 
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 
 import torch
 
@@ -23,11 +24,21 @@ def token_texts(tokenizer) -> tuple[str, ...]:
     return tuple(tokenizer.batch_decode([[i] for i in range(len(tokenizer))]))
 
 
-@lru_cache(maxsize=4096)
+@cache
+def sorted_token_texts(tokenizer) -> tuple[list[str], list[int]]:
+    """Every token's text in sorted order, with its id: the tokens that start with a text are
+    one run of it (once per tokenizer)."""
+    pairs = sorted((text, i) for i, text in enumerate(token_texts(tokenizer)))
+    return [text for text, _ in pairs], [i for _, i in pairs]
+
+
 def _extensions(tokenizer, tail: str) -> tuple[int, ...]:
-    """Ids of the tokens whose text starts with `tail` (a pass over the vocabulary, kept for the
-    tails a session meets again: the indentations and newlines before a cursor)."""
-    return tuple(i for i, text in enumerate(token_texts(tokenizer)) if text.startswith(tail))
+    """Ids of the tokens whose text starts with `tail`, in id order."""
+    texts, ids = sorted_token_texts(tokenizer)
+    start = end = bisect.bisect_left(texts, tail)
+    while end < len(texts) and texts[end].startswith(tail):
+        end += 1
+    return tuple(sorted(ids[start:end]))
 
 
 @dataclass

@@ -63,7 +63,7 @@ class Server:
                              settings.parallel, Suggestions() if settings.suggestions else None, settings.prefetch,
                              settings.verify_budget)
         self.method_families = families()
-        healing.token_texts(model.tokenizer)  # decoded once now, not by the first request's token healing
+        healing.sorted_token_texts(model.tokenizer)  # decoded and sorted once now, not by the first request's token healing
 
 
 def server_of(request: Request) -> Server:
