@@ -9,6 +9,7 @@ import torch
 from helpers import ids_of
 
 from dyncomplete.engine import GenerationParams
+from dyncomplete.engine.method import PREFILL_CHUNK
 from dyncomplete.methods.baseline import Baseline
 from dyncomplete.models import KVCache
 from dyncomplete.serve.prefix_cache import PrefixCache
@@ -39,6 +40,30 @@ def test_reuse_is_token_identical_to_a_fresh_prefill(smollm):
         reused.append(cached.stats.cached_prompt_tokens)
     assert reused[0] == 0 and all(r > 50 for r in reused[1:]), reused
     assert cache.counters.hits == len(cuts) - 1
+
+
+def test_a_cancelled_prefill_stops_between_chunks_and_its_start_is_reused(smollm):
+    """A request cancelled (superseded) during its prompt stops after the chunk that runs; the
+    cache then holds that start, which the next request reuses for baseline's tokens."""
+    ids = ids_of(smollm, SOURCE[:2000])
+    params = GenerationParams(max_new_tokens=4)
+    checks = []
+
+    def cancelled() -> bool:
+        checks.append(1)
+        return len(checks) > 3  # three chunks run
+
+    kv = smollm.new_cache()
+    stopped = Baseline().generate(smollm, ids, params, cache=kv, cancelled=cancelled)
+    done = 3 * PREFILL_CHUNK
+    assert len(ids) > done + PREFILL_CHUNK
+    assert stopped.stats.stopped_by == "cancelled" and stopped.token_ids == [] and len(checks) == 4
+    assert stopped.stats.prompt_tokens == done and kv.lengths == [done] * smollm.num_layers
+    cache = PrefixCache(max_bytes=256 * 2**20)
+    assert cache.store(ids[:done], kv)
+    kv, shared = cache.lookup(ids)
+    assert shared == done
+    assert Baseline().generate(smollm, ids, params, cache=kv).token_ids == Baseline().generate(smollm, ids, params).token_ids
 
 
 def test_memory_bound_eviction_and_subsumed_entries(smollm):

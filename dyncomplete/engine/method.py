@@ -28,8 +28,16 @@ def eos_ids_of(model) -> set[int]:
     return ids
 
 
-def prefill(model: LayeredModel, prompt_ids: list[int], cache: KVCache, stats: Stats) -> torch.Tensor:
-    """Run the prompt tokens the cache does not hold yet; return the last position's logits."""
+PREFILL_CHUNK = 32  # prompt tokens per forward call where a request can be cancelled: it stops within one
+
+
+def prefill(model: LayeredModel, prompt_ids: list[int], cache: KVCache, stats: Stats,
+            cancelled: Callable[[], bool] | None = None) -> torch.Tensor | None:
+    """Run the prompt tokens the cache does not hold yet; return the last position's logits.
+    With `cancelled`, in chunks of PREFILL_CHUNK, and None where it said so between two: the cache
+    and `stats` then hold the prompt's start that was computed (a prefix cache can keep it). The
+    int4 engine gives the same bits in chunks (its rows do not depend on the row count), and the
+    same speed; PyTorch's bfloat16 products may not, so a call that cannot stop runs each part whole."""
     if not prompt_ids:
         raise ValueError("empty prompt: nothing to complete")
     reused = min(cache.lengths[0], len(prompt_ids) - 1)  # at least one token must run
@@ -39,11 +47,24 @@ def prefill(model: LayeredModel, prompt_ids: list[int], cache: KVCache, stats: S
     stats.prompt_tokens = len(prompt_ids)
     stats.cached_prompt_tokens = reused - sum(b - a for a, b in holes)
     start = time.perf_counter()
-    for a, b in holes:  # each gap attends to what precedes it only; the chunks after it stay put
+    runs = [*holes, (reused, len(prompt_ids))]  # each gap attends to what precedes it only; the chunks after it stay put
+    step = PREFILL_CHUNK if cancelled is not None else len(prompt_ids)
+    evaluated = 0
+    for a, b in runs:
         cache.crop(a)
-        model.forward(torch.tensor(prompt_ids[a:b]), cache)
-        cache.lengths = [reused] * cache.num_layers
-    logits = model.forward(torch.tensor(prompt_ids[reused:]), cache)[0, -1]
+        for c in range(a, b, step):
+            if cancelled is not None and cancelled():
+                cache.crop(c)  # everything before c is computed or reused; what follows may not be
+                stats.prompt_tokens, stats.cached_prompt_tokens = c, c - evaluated
+                stats.prefill_s = time.perf_counter() - start
+                return None
+            piece = prompt_ids[c:min(c + step, b)]
+            if c + len(piece) == len(prompt_ids):  # the prompt's last chunk: its last position's logits
+                logits = model.forward(torch.tensor(piece), cache)[0, -1]
+            else:
+                model.fill(piece, cache)
+            evaluated += len(piece)
+        cache.lengths = [max(reused, b)] * cache.num_layers
     stats.prefill_s = time.perf_counter() - start
     return logits
 
@@ -68,7 +89,10 @@ class DecodingMethod:
         cache = cache if cache is not None else model.new_cache()
         stats = Stats(model=model.name, method=self.name)
         prompt_ids, heal = healing.heal_prompt(model.tokenizer, prompt_ids, params.token_healing)
-        logits = prefill(model, prompt_ids, cache, stats)
+        logits = prefill(model, prompt_ids, cache, stats, cancelled)
+        if logits is None:
+            stats.stopped_by = "cancelled"
+            return Completion("", [], stats)
         if heal is not None:
             logits = heal.constrain(logits)
         emitter = Emitter(model.tokenizer, params, eos_ids_of(model), stats, on_text, cancelled,

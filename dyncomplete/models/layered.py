@@ -177,6 +177,13 @@ class LayeredModel:
         return self.forward(torch.tensor(ids), cache, start=start, last_only=False)[0]
 
     @torch.inference_mode()
+    def fill(self, ids: list[int], cache: KVCache) -> None:
+        """All layers over new tokens that follow the cache's contents, for their keys and values
+        only: a prompt's part whose logits nobody reads (no head)."""
+        ctx = self.context(torch.arange(cache.lengths[0], cache.lengths[0] + len(ids)))
+        self.run_layers(0, self.embed(torch.tensor(ids).reshape(1, -1), ctx), ctx, cache)
+
+    @torch.inference_mode()
     def forward(
         self, input_ids: torch.Tensor, cache: KVCache | None = None, start: int | None = None, last_only: bool = True
     ) -> torch.Tensor:

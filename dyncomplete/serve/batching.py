@@ -127,15 +127,16 @@ class ModelThread:
             self._members.discard(slot)
             self._cond.notify_all()  # the model thread may be waiting for this slot's step
 
-    def forward(self, slot: int, ids: list[int], cache, start: int) -> torch.Tensor:
-        """The last position's logits after `ids` at `start` (`LayeredModel.forward`'s), from the
-        batches this slot's steps join: a batchable prompt in chunks of SHORT_QUERY tokens."""
+    def forward(self, slot: int, ids: list[int], cache, start: int, logits: bool = True) -> torch.Tensor | None:
+        """The last position's logits after `ids` at `start` (`LayeredModel.forward`'s; None with
+        `logits` False: `fill`'s), from the batches this slot's steps join: a batchable prompt in
+        chunks of SHORT_QUERY tokens."""
         chunk = SHORT_QUERY if self.model.batchable(cache, start, len(ids)) else len(ids)
-        logits = None
+        out = None
         for a in range(0, len(ids), chunk):
             piece = ids[a : a + chunk]
-            logits = self._wait(_Step(piece, cache, start + a, int(a + chunk >= len(ids)), slot)).result
-        return logits[-1]
+            out = self._wait(_Step(piece, cache, start + a, int(logits and a + chunk >= len(ids)), slot)).result
+        return out[-1] if logits else None
 
     def score_chain(self, slot: int, ids: list[int], cache, start: int, rates: list[float] | None) -> torch.Tensor:
         """Every position's logits of a verification pass (`LayeredModel.score_chain`), from the
@@ -277,6 +278,9 @@ class BatchedModel:
             raise ValueError("a batched model takes a cache and gives the last position's logits")
         start = cache.lengths[0] if start is None else start
         return self._thread.forward(self._slot, input_ids.reshape(-1).tolist(), cache, start)[None, None]
+
+    def fill(self, ids: list[int], cache) -> None:
+        self._thread.forward(self._slot, ids, cache, cache.lengths[0], logits=False)
 
     def score_chain(self, ids: list[int], cache, start: int, rates: list[float] | None = None) -> torch.Tensor:
         return self._thread.score_chain(self._slot, ids, cache, start, rates)
