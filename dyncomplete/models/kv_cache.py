@@ -86,15 +86,20 @@ class KVCache:
                 self.keys[i][..., target] = self.keys[i][..., source]
                 self.values[i][..., target, :] = self.values[i][..., source, :]
 
-    def copy(self, length: int | None = None) -> "KVCache":
-        """An independent cache with the same contents, or only positions < `length` (buffers
-        trimmed to what is copied)."""
+    def copy(self, length: int | None = None, room: int = 0) -> "KVCache":
+        """An independent cache with the same contents, or only positions < `length`, in buffers
+        trimmed to what is copied, or of `room` positions where that is more (the prompt a
+        copy is for: its prefill then writes into them without growing them again)."""
         other = KVCache(self.num_layers, self._capacity)
         for i, n in enumerate(self.lengths):
             n = n if length is None else min(n, length)
             if self.keys[i] is not None and n:
-                other.keys[i] = self.keys[i][..., :n].clone()
-                other.values[i] = self.values[i][..., :n, :].clone()
+                keys, values = self.keys[i], self.values[i]
+                size = max(n, room)
+                other.keys[i] = keys.new_zeros(*keys.shape[:-1], size)
+                other.values[i] = values.new_zeros(*values.shape[:-2], size, values.shape[-1])
+                other.keys[i][..., :n] = keys[..., :n]
+                other.values[i][..., :n, :] = values[..., :n, :]
             other.lengths[i] = n
         other.copies = self.copies[:length] if length is not None else list(self.copies)
         return other

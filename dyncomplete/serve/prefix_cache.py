@@ -94,9 +94,10 @@ class PrefixCache:
                 self.counters.hits += 1
                 self.counters.reused_tokens += best
         # entries are never mutated in place, so copying outside the lock is safe
+        room = -(-len(ids) // SPAN) * SPAN  # what the prompt's prefill will need
         if chunks:
-            return assemble(source, chunks, len(ids), self.inv_freq, -(-len(ids) // SPAN) * SPAN), best
-        return source.copy(best), best
+            return assemble(source, chunks, len(ids), self.inv_freq, room), best
+        return source.copy(best, room), best
 
     def _recent(self) -> list[tuple[int, ...]]:
         """The prompts chunk reuse plans against: the most recently used, one per editor that a
