@@ -80,8 +80,7 @@ class LookupProposer(Proposer):
         self.index: dict[tuple, int] = {}  # n-gram -> index of the token that followed it (latest)
         self.indexed = 1
         self.history = list(params.history)
-        self.history_index: dict[tuple, int] = {}
-        self._extend(self.history_index, self.history, 1)
+        self.history_index: dict[tuple, int] | None = None  # indexed where the context first has no match
         self.matched = None  # (source, n) of the last draft
 
     def _extend(self, index: dict, tokens: list[int], first: int) -> None:
@@ -94,7 +93,8 @@ class LookupProposer(Proposer):
         self._extend(self.index, context, self.indexed)  # continuations before the last token: never the suffix
         self.indexed = len(context)
         self.matched = None
-        for source, index, tokens in ((self.name, self.index, context), ("history", self.history_index, self.history)):
+        for source, tokens in ((self.name, context), ("history", self.history)):
+            index = self.index if source == self.name else self._history_index()
             for n in self.sizes:
                 start = index.get(tuple(context[-n:])) if len(context) >= n else None
                 if start is not None:
@@ -111,6 +111,14 @@ class LookupProposer(Proposer):
             k = int(self.unprofitable[self.matched] % PROBE_EVERY == 0)
         drafted = tokens[start : start + k]
         return Draft(drafted, source=self.matched[0], rates=rates[: len(drafted)])
+
+    def _history_index(self) -> dict[tuple, int]:
+        """The history's n-grams (up to 4,096 tokens), indexed at their first use: the prompt has
+        a match at most steps, and indexing them all took milliseconds before the first token."""
+        if self.history_index is None:
+            self.history_index = {}
+            self._extend(self.history_index, self.history, 1)
+        return self.history_index
 
     def feedback(self, draft, accepted):
         if draft.tokens:
