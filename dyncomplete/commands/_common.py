@@ -10,6 +10,7 @@ from ..models import DEFAULT_MODEL
 # `serve` and `complete` fill the middle between prefix and suffix, which needs a FIM code model
 # (SmolLM2, the default elsewhere, has no FIM tokens and ignores the suffix).
 EDITOR_MODEL = "qwen2.5-coder-0.5b"
+EDITOR_METHOD = "lookup"  # serve's default: lossless, and faster at the editor replays' pauses (docs/results.md)
 
 
 def add_model_options(parser, default: str = DEFAULT_MODEL) -> None:

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
-from ._common import add_model_options
+from ._common import EDITOR_METHOD, add_model_options
 
 SERVERS = ("dyncomplete", "llama-server")
 # bench.session's CLIENTS and PATTERNS, named here so that registering the command imports nothing heavy
@@ -206,7 +206,7 @@ def register(sub) -> None:
     p.add_argument("--dyncomplete-args", action="append",
                    help="dyncomplete serve's extra arguments, e.g. \"--cache-reuse 32\" or \"--cache-mb 0\" (full "
                         "prefills); repeat for a row each")
-    p.add_argument("--method", default="baseline", help="dyncomplete's method")
+    p.add_argument("--method", default=EDITOR_METHOD, help="dyncomplete's method (default: serve's)")
     p.add_argument("--source", nargs="+", help="files to type (default: --files files of the stdlib test split)")
     p.add_argument("--files", type=int, default=2, help="how many test-split files when --source is not given")
     p.add_argument("--lines", type=int, default=20, help="non-blank lines typed per file")

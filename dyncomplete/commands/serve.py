@@ -6,7 +6,7 @@ import os
 import sys
 
 from ..methods.registry import family_list
-from ._common import EDITOR_MODEL, add_model_options, load_from_args
+from ._common import EDITOR_METHOD, EDITOR_MODEL, add_model_options, load_from_args
 
 
 def read_api_key(args) -> str | None:
@@ -100,7 +100,7 @@ def positive(kind, zero: bool = False):
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve completions over HTTP (OpenAI /v1/completions) with a web page")
     add_model_options(p, EDITOR_MODEL)
-    p.add_argument("--method", default="baseline",
+    p.add_argument("--method", default=EDITOR_METHOD,
                    help=f"default decoding method (always allowed); families {family_list()}")
     p.add_argument("--methods", default=None,
                    help="comma-separated methods a request may pick besides --method, all built at start "

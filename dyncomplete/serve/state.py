@@ -25,7 +25,7 @@ DEFAULT_METHODS = ("baseline", "lookup")
 
 @dataclass
 class Settings:
-    default_method: str = "baseline"
+    default_method: str = "baseline"  # `dyncomplete serve` passes its --method (default commands._common.EDITOR_METHOD)
     methods: tuple[str, ...] = DEFAULT_METHODS  # what a request may pick, besides default_method
     check_host: bool = True  # answer only Host names of loopback (set when bound to loopback)
     limits: Limits = Limits()
