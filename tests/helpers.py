@@ -164,15 +164,16 @@ class Preset:
 EDITOR_OPTIONS = ("--api-key", SERVE_KEY, "--max-tokens-limit", "48", "--context-budget", "512", "--cache-mb", "64",
                   "--client-memory", "off", "--suggestions", "off")
 PRESETS = {
-    # float32 SmolLM2, key SERVE_KEY: the server tests, the files-memory and n-gram editor tests, bench-session
-    "smollm": Preset(SMOL, ("--dtype", "float32", "--api-key", SERVE_KEY, "--queue-size", "64", "--timeout", "120",
-                            "--max-tokens-limit", "256", "--context-budget", "256", "--cache-mb", "64",
-                            "--suggestions", "off")),
+    # float32 SmolLM2, key SERVE_KEY: the server tests, the files-memory and n-gram editor tests, bench-session;
+    # baseline, whose per-token stats they check (serve's own default, lookup, is the editor presets')
+    "smollm": Preset(SMOL, ("--dtype", "float32", "--method", "baseline", "--api-key", SERVE_KEY, "--queue-size", "64",
+                            "--timeout", "120", "--max-tokens-limit", "256", "--context-budget", "256", "--cache-mb",
+                            "64", "--suggestions", "off")),
     "editor-smollm": Preset(SMOL, ("--dtype", "float32", *EDITOR_OPTIONS)),
     "editor-qwen": Preset(QWEN, EDITOR_OPTIONS),
     # the playground page: an early-exit method besides the default, the key from a file
-    "page": Preset(SMOL, ("--dtype", "float32", "--methods", f"baseline,{EARLY_EXIT}", "--context-budget", "256",
-                          "--cache-mb", "64"), key_file=PAGE_KEY),
+    "page": Preset(SMOL, ("--dtype", "float32", "--method", "baseline", "--methods", f"baseline,{EARLY_EXIT}",
+                          "--context-budget", "256", "--cache-mb", "64"), key_file=PAGE_KEY),
 }
 
 

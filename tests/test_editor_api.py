@@ -55,6 +55,7 @@ def test_llama_cpp_clients_get_infill_answers(smol_server, name):
     assert out["generation_settings"]["n_ctx"] == 512 and out["tokens_cached"] >= out["tokens_evaluated"] - 1
     stats = out["dyncomplete"]
     assert stats["context_chunks"] == 1  # input_extra went into the prompt
+    assert stats["method"] == "lookup"  # serve's default
     assert "suffix is ignored" in " ".join(stats["notices"])
     assert set(stats["ignored_fields"]) >= {"samplers", "t_max_prompt_ms", "top_k"}
     # streamed as llama.cpp streams; without the time cap, which makes the two differ by the clock
