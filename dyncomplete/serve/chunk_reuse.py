@@ -26,6 +26,21 @@ from ..models import KVCache
 from ..models.rotary import rotate_keys
 
 
+BLOCK = 64  # tokens compared at once (in C) before the last block is compared one by one
+
+
+def common_prefix_length(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many leading tokens two prompts share."""
+    a, b = tuple(a), tuple(b)  # a tuple's slice never equals a list's
+    n = min(len(a), len(b))
+    i = 0
+    while i + BLOCK <= n and a[i:i + BLOCK] == b[i:i + BLOCK]:
+        i += BLOCK
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 @dataclass(frozen=True)
 class Chunk:
     start: int  # new positions start .. end - 1 take the cached positions source .. source + (end - start) - 1
@@ -39,9 +54,7 @@ def plan_chunks(cached: tuple[int, ...], ids: list[int], min_tokens: int) -> lis
     The common prefix comes first (whatever its length); after it, at each position the longest
     run of at least `min_tokens` tokens that starts in `cached` past the last run used."""
     chunks = []
-    n = 0
-    while n < min(len(cached), len(ids)) and cached[n] == ids[n]:
-        n += 1
+    n = common_prefix_length(cached, tuple(ids))
     if n:
         chunks.append(Chunk(0, n, 0))
     starts: dict[tuple[int, ...], list[int]] = {}
@@ -96,8 +109,9 @@ def assemble(cached: KVCache, chunks: list[Chunk], length: int, inv_freq: torch.
     out = KVCache(cached.num_layers)
     out.copies = [0] * length
     for c in chunks:
-        for j in range(c.end - c.start):
-            out.copies[c.start + j] = copied(cached.copies, c.source + j) + (c.start != c.source)
+        n, moved = c.end - c.start, int(c.start != c.source)
+        counts = cached.copies[c.source:c.source + n]  # positions past its end were never copied
+        out.copies[c.start:c.end] = [k + moved for k in counts] + [moved] * (n - len(counts))
     for layer in range(cached.num_layers):
         keys, values = cached.keys[layer], cached.values[layer]
         out.keys[layer] = keys.new_zeros(*keys.shape[:-1], room)

@@ -21,17 +21,9 @@ from itertools import islice
 
 from ..models import KVCache
 from ..models.fast import SPAN
-from .chunk_reuse import assemble, plan_chunks, split_stale
+from .chunk_reuse import assemble, common_prefix_length, plan_chunks, split_stale
 
 RECENT_PROMPTS = 8  # prompts chunk reuse plans against (about 1 ms each for 1,000 tokens)
-
-
-def common_prefix_length(a: tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass
@@ -75,9 +67,9 @@ class PrefixCache:
         with self._lock:
             if touch:
                 self.counters.lookups += 1
-            best_key, best = None, 0
+            best_key, best, wanted = None, 0, tuple(ids)
             for key in self._entries:
-                n = common_prefix_length(key, ids)
+                n = common_prefix_length(key, wanted)
                 if n > best:
                     best_key, best = key, n
             chunks = []
