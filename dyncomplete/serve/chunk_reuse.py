@@ -48,13 +48,13 @@ class Chunk:
     source: int
 
 
-def plan_chunks(cached: tuple[int, ...], ids: list[int], min_tokens: int) -> list[Chunk]:
+def plan_chunks(cached: tuple[int, ...], ids: list[int] | tuple[int, ...], min_tokens: int) -> list[Chunk]:
     """The runs of `ids` to copy from `cached`, in order, never overlapping in either prompt.
 
     The common prefix comes first (whatever its length); after it, at each position the longest
     run of at least `min_tokens` tokens that starts in `cached` past the last run used."""
     chunks = []
-    n = common_prefix_length(cached, tuple(ids))
+    n = common_prefix_length(cached, ids)
     if n:
         chunks.append(Chunk(0, n, 0))
     starts: dict[tuple[int, ...], list[int]] = {}

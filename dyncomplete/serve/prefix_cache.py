@@ -74,7 +74,7 @@ class PrefixCache:
                     best_key, best = key, n
             chunks = []
             if self.min_chunk:
-                reused, recent, plan = max((self._reused_by(key, ids) for key in self._recent()),
+                reused, recent, plan = max((self._reused_by(key, wanted) for key in self._recent()),
                                            default=(0, None, []), key=lambda c: c[0])  # ties: the most recent
                 if reused > best:
                     best_key, best, chunks = recent, reused, plan
@@ -96,7 +96,7 @@ class PrefixCache:
         server shared by a few editors took turns with (the last alone would be another editor's)."""
         return list(islice(reversed(self._entries), RECENT_PROMPTS))
 
-    def _reused_by(self, key: tuple[int, ...], ids: list[int]) -> tuple[int, tuple[int, ...], list]:
+    def _reused_by(self, key: tuple[int, ...], ids: tuple[int, ...]) -> tuple[int, tuple[int, ...], list]:
         """(tokens reused, key, chunks) of `ids` planned against the entry `key`."""
         chunks = plan_chunks(key, ids, self.min_chunk)
         if self.copy_limit:
