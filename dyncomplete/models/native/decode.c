@@ -661,17 +661,36 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, i
             mx[h] = _mm256_max_ps(mx[h], _mm256_max_ps(s0, s1));
         }
     }
+    /* The last keys of the prefix, then the tail, 8 at a time: their columns of K copied side by
+     * side, so that each key's score is one chain of fused multiply-adds in a lane, as above (one
+     * scalar chain a key was latency-bound: in a prompt's chunk, most of the attention's time). */
+    uint16_t cols[d * 8];
+    for (int j0 = full; j0 < n; j0 += 8) {
+        int m = n - j0 < 8 ? n - j0 : 8;
+        for (int jj = 0; jj < 8; jj++) {
+            int j = j0 + jj, slot = j < prefix ? j : jj < m ? tail[j - prefix] : -1;
+            for (int i = 0; i < d; i++) cols[i * 8 + jj] = slot < 0 ? 0 : K[(size_t)i * capacity + slot];
+        }
+        __m256 acc[4];
+        PRAGMA_UNROLL
+        for (int h = 0; h < QG; h++) acc[h] = _mm256_setzero_ps();
+        for (int i = 0; i < d; i++) {
+            __m256 k = load_bf16x8(cols + i * 8);
+            PRAGMA_UNROLL
+            for (int h = 0; h < QG; h++) acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * d + i]), k, acc[h]);
+        }
+        __m256i live = lanes_below(m);
+        PRAGMA_UNROLL
+        for (int h = 0; h < QG; h++) {
+            __m256 sc = _mm256_mul_ps(acc[h], _mm256_set1_ps(scale));
+            _mm256_maskstore_ps(scores + (size_t)h * n + j0, live, sc);
+            mx[h] = _mm256_max_ps(mx[h], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, _mm256_castsi256_ps(live)));
+        }
+    }
     float inv[4];
     for (int h = 0; h < QG; h++) {
         float *sc = scores + (size_t)h * n;
         top[h] = max8(mx[h]);
-        for (int j = full; j < n; j++) { /* the last keys of the prefix, then the tail */
-            int slot = j < prefix ? j : tail[j - prefix];
-            float acc = 0.f;
-            for (int i = 0; i < d; i++) acc = fmaf(q[h * d + i], bf16_to_f32(K[(size_t)i * capacity + slot]), acc);
-            sc[j] = acc * scale;
-            top[h] = fmaxf(top[h], sc[j]);
-        }
         __m256 vtop = _mm256_set1_ps(top[h]), sum = _mm256_setzero_ps();
         for (int j = 0; j < n; j += 8) {
             __m256i m = lanes_below(n - j);
