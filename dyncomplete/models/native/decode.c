@@ -835,8 +835,11 @@ static void project_qkv(const dims_t *dm, const layer_t *ly, const uint16_t *hid
     int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim;
     int nqkv = (H + 2 * KV) * d, rows = 0;
     for (int s = 0; s < segs; s++) rows += seg[s].rows;
-    for (long i = 0; i < (long)rows * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
-    rms_norm(h, rows, Hd, ly->in_norm, dm->eps, x);
+#pragma omp parallel for if (rows > 1) schedule(static)
+    for (int r = 0; r < rows; r++) {
+        for (long i = (long)r * Hd; i < (long)(r + 1) * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
+        rms_norm(h + (size_t)r * Hd, 1, Hd, ly->in_norm, dm->eps, x + (size_t)r * Hd);
+    }
     linear_f32(&ly->qkv, x, rows, scratch, qkv);
     for (int s = 0, r = 0; s < segs; s++)
         for (int i = 0; i < seg[s].rows; i++, r++) {
@@ -871,11 +874,17 @@ static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *h
         attention(dm, q + (size_t)r * H * d, seg[s].rows, seg[s].start, seg[s].parent, seg[s].keys, seg[s].values,
                   seg[s].capacity, att + (size_t)r * H * d);
     linear_f32(&ly->o, att, rows, scratch, x);
-    for (long i = 0; i < (long)rows * Hd; i++) h[i] += x[i];
-    rms_norm(h, rows, Hd, ly->post_norm, dm->eps, x);
+    /* the row-wise steps between products, on every thread where there are rows to share */
+#pragma omp parallel for if (rows > 1) schedule(static)
+    for (int r = 0; r < rows; r++) {
+        for (long i = (long)r * Hd; i < (long)(r + 1) * Hd; i++) h[i] += x[i];
+        rms_norm(h + (size_t)r * Hd, 1, Hd, ly->post_norm, dm->eps, x + (size_t)r * Hd);
+    }
     linear_f32(&ly->gate_up, x, rows, scratch, gu);
+#pragma omp parallel for if (rows > 1) schedule(static)
     for (int r = 0; r < rows; r++) swiglu(gu + (size_t)r * 2 * I, gu + (size_t)r * 2 * I + I, I, act + (size_t)r * I);
     linear_f32(&ly->down, act, rows, scratch, x);
+#pragma omp parallel for if (rows > 1) schedule(static)
     for (long i = 0; i < (long)rows * Hd; i++) out[i] = f32_to_bf16(h[i] + x[i]);
 }
 
