@@ -52,6 +52,19 @@ def test_a_changed_run_makes_its_table_stale(tmp_path):
     assert stale_files([page]) == [page]
 
 
+def test_speed_rows_name_the_build_their_label_gives(tmp_path):
+    run = {"model": "m", "quant": "int4", "decode_tok_s": 50.0, "command": "python -m dyncomplete.bench.speed",
+           "cpu": "cpu", "threads": 2, "date": "d", "llama_bench": {"decode_tok_s": 25.0, "decode_x": 2.0}}
+    (tmp_path / "a.json").write_text(json.dumps(run))
+    (tmp_path / "b.json").write_text(json.dumps(run | {"decode_tok_s": 60.0}))
+    page = tmp_path / "page.md"
+    page.write_text("<!-- table speed a.json[before] b.json[after] columns=build,decode,decode_x -->\n"
+                    "<!-- end table -->\n")
+    render_file(page)
+    text = page.read_text()
+    assert "| before | 50.0 | 2.00x |" in text and "| after | 60.0 | 2.00x |" in text
+
+
 def test_a_table_without_its_end_is_refused_and_the_page_kept(tmp_path):
     page = tmp_path / "page.md"
     text = ("<!-- table bench results/r1 -->\nkept text\n## A heading\n"

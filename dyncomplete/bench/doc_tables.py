@@ -7,7 +7,8 @@ A table is a block in a Markdown file, its two marker lines at the start of a li
     <!-- end table -->
 
 `bench` reads each run folder's summary.json (`RUN[m1;m2]` keeps those methods, in that order);
-`session` reads `bench-session` JSON reports (`FILE[row;row]` keeps those rows). Paths are
+`session` reads `bench-session` JSON reports (`FILE[row;row]` keeps those rows); `speed` reads
+`bench.speed` outputs (`FILE[label]` names the build that ran, for the `build` column). Paths are
 relative to the Markdown file. `render_file` rewrites every block from the runs; the text between
 blocks is left alone. Above each table go the command, the machine and the date of every run in it.
 """
@@ -138,6 +139,7 @@ SESSION_COLUMNS = {
 SESSION_DEFAULT = ("model", "method", "row", "n", "p50", "p95", "ttft_p50", "cached", "exact")
 
 SPEED_COLUMNS = {  # one `python -m dyncomplete.bench.speed --reference llama-bench` output a row
+    "build": Column("build", "build", str, align="---"),  # FILE[label]: which code ran (A/B rows)
     "model": Column("model", "model", str, align="---"),
     "quant": Column("weights", "quant", str, align="---"),
     "dtype": Column("dtype", "dtype", str, align="---"),
@@ -151,7 +153,7 @@ SPEED_COLUMNS = {  # one `python -m dyncomplete.bench.speed --reference llama-be
     "prefill_x": Column("prefill vs llama-bench", lambda r: r["llama_bench"]["prefill_x"], _ratio),
     "load": Column("load s", "load_s", _fixed(1)),
 }
-SPEED_DEFAULT = tuple(c for c in SPEED_COLUMNS if c not in ("dtype", "cpu_bf16"))
+SPEED_DEFAULT = tuple(c for c in SPEED_COLUMNS if c not in ("build", "dtype", "cpu_bf16"))
 
 
 def _cell(column: Column, row: dict) -> str:
@@ -235,7 +237,7 @@ def render_session(sources, column_names) -> list[str]:
 
 
 def render_speed(sources, column_names) -> list[str]:
-    runs = [json.loads(path.read_text()) for path, _ in sources]
+    runs = [json.loads(path.read_text()) | ({"build": keep[0]} if keep else {}) for path, keep in sources]
     notes = [_provenance(run["command"], run, True) for run in runs]
     columns = [SPEED_COLUMNS[c] for c in column_names or SPEED_DEFAULT]
     return notes + [""] + _table(columns, runs)
