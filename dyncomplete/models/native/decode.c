@@ -303,7 +303,7 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
  * accumulators in `out` between groups. Each broadcast input feeds both halves of the block. The
  * group's products are written in assembly because the 8 integer sums, the 4 vectors of levels,
  * the 3 temporaries and the nibble mask need all 16 vector registers, and GCC's own schedule of
- * the same intrinsics spilled sums to the stack in every step (half the speed). Each sum adds
+ * the same intrinsics spilled sums to the stack in every step. Each sum adds
  * the same integer products as `tile` (exact: no lane leaves int16, see above), so every
  * (feature, row) gets the float steps of `tile` in the same order; only for blocks whose 16
  * features all exist. */
