@@ -93,17 +93,13 @@ class LookupProposer(Proposer):
         self._extend(self.index, context, self.indexed)  # continuations before the last token: never the suffix
         self.indexed = len(context)
         self.matched = None
-        for source, tokens in ((self.name, context), ("history", self.history)):
-            index = self.index if source == self.name else self._history_index()
-            for n in self.sizes:
-                start = index.get(tuple(context[-n:])) if len(context) >= n else None
-                if start is not None:
-                    self.matched = (source, n)
-                    break
-            if self.matched:
-                break
-        if not self.matched:
+        source, tokens, found = self.name, context, self._longest_match(self.index, context)
+        if found is None:
+            source, tokens, found = "history", self.history, self._longest_match(self._history_index(), context)
+        if found is None:
             return Draft([], source=self.name)
+        n, start = found
+        self.matched = (source, n)
         rates = self.trackers[self.matched].rates()
         k, _ = best_length(rates, self.verify_cost, self.max_draft)
         if k == 0:  # not worth it by the evidence so far; probe one token now and then to update it
@@ -111,6 +107,14 @@ class LookupProposer(Proposer):
             k = int(self.unprofitable[self.matched] % PROBE_EVERY == 0)
         drafted = tokens[start : start + k]
         return Draft(drafted, source=self.matched[0], rates=rates[: len(drafted)])
+
+    def _longest_match(self, index: dict[tuple, int], context: list[int]) -> tuple[int, int] | None:
+        """(n, where its continuation starts) for the longest of the context's last n-grams in `index`."""
+        for n in self.sizes:
+            start = index.get(tuple(context[-n:])) if len(context) >= n else None
+            if start is not None:
+                return n, start
+        return None
 
     def _history_index(self) -> dict[tuple, int]:
         """The history's n-grams (up to 4,096 tokens), indexed at their first use: the prompt has
