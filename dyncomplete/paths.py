@@ -41,10 +41,19 @@ def machine_measurement(file: str, key: str, measure: Callable[[], float]) -> fl
     return known[key]
 
 
+def _cpu_flags() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_has_bf16() -> bool:
     """Whether the CPU computes bfloat16 natively (AVX512-BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = _cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU has AMX tiles for bfloat16 (Intel Sapphire Rapids and later)."""
+    return "amx_bf16" in _cpu_flags()

@@ -16,6 +16,7 @@ from dyncomplete.methods.baseline import Baseline
 from dyncomplete.methods.verify import Draft, commit_path, score
 from dyncomplete.models import LayeredModel, load
 from dyncomplete.models.attention import SHORT_QUERY
+from dyncomplete.models.fast import PROMPT_CHUNK
 from dyncomplete.models.weights import Linear, quantize_int4, quantize_int8
 from dyncomplete.paths import cpu_has_bf16
 from dyncomplete.models.verify_cost import measure_verify_cost
@@ -207,11 +208,11 @@ def test_lookup_is_identical_to_baseline_on_quantized_weights(quantized, request
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("prompt", [17, 100])
+@pytest.mark.parametrize("prompt", [17, 100, 2 * PROMPT_CHUNK + 44])
 def test_a_prompt_through_decode_c_gets_the_bits_of_one_token_steps(quantized, prompt):
-    """`native_prefill` (the default where the CPU has no bfloat16 instructions): a prompt in
-    chunks of SHORT_QUERY positions gives the last logits and the cache that feeding its tokens
-    one at a time gives, on any CPU."""
+    """`native_prefill` (the default except on CPUs with AMX): a prompt in chunks of PROMPT_CHUNK
+    positions gives the last logits and the cache that feeding its tokens one at a time gives, on
+    any CPU."""
     if quantized.quant != "int4":
         pytest.skip("decode.c runs int4 weights")
     engine = quantized.engines["fast"]

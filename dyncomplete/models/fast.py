@@ -28,8 +28,8 @@ as `invariant.py` requires for lossless speculative decoding in bfloat16.
 Quantized weights (`quant="int8"` or `"int4"`, `weights.py`) replace every linear layer, the LM
 head included; with int4 the native kernels also run whole layers for short queries
 (`run_native`). The Hugging Face modules then hold the dequantized weights, so the `hf` engine
-and prompt passes (more than `SHORT_QUERY` positions, where GEMM kernels win) multiply by the
-same model; every method prefills the same way, so identity between methods holds.
+and prompt passes on CPUs with AMX (more than `SHORT_QUERY` positions, where oneDNN's bfloat16 GEMM
+wins there) multiply by the same model; every method prefills the same way, so identity between methods holds.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..paths import cpu_has_bf16
+from ..paths import cpu_has_amx
 from . import native
 from .attention import SHORT_QUERY, gpu_padding, with_rows_repeated
 from .decoder import Decoder
@@ -54,6 +54,9 @@ from .weights import QUANTS, Linear
 
 FAST_KINDS = ("llama", "qwen2")
 SPAN = 256  # short-query attention reads the cache in whole multiples of this many positions
+# prompt positions per call of decode.c (`native_prefill`): a call streams every weight from memory
+# once, so longer calls read them less often (AMD Zen 4, Qwen 0.5B: 16 -> 128 rows 1.2x; 512 no more)
+PROMPT_CHUNK = 128
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose frequencies never change
 
 
@@ -183,8 +186,10 @@ class FastEngine:
             head = decoder.lm_head
             self.lm_head = linear("lm_head", head.weight, head.bias)
         self.embedding = decoder.core.embed_tokens.weight
-        # prompts through decode.c too where PyTorch's bfloat16 GEMM has no native instructions
-        self.native_prefill = self.native is not None and not cpu_has_bf16()
+        # prompts through decode.c too, except where oneDNN's bfloat16 GEMM runs on AMX tiles: on
+        # the AMX Xeon it prefilled 2.2x faster than decode.c; on AVX512-BF16 alone (AMD Zen 4)
+        # decode.c was 1.3x faster (docs/results.md)
+        self.native_prefill = self.native is not None and not cpu_has_amx()
 
     def _native_layers(self) -> bindings.Layers:
         """decode.c's view of every layer (pointers into this engine's tensors); the layers run
@@ -202,7 +207,7 @@ class FastEngine:
             layer.in_norm, layer.post_norm = norms  # the same values; decode.c reads them in place
             structs.append(native.Layer(norms[0].data_ptr(), norms[1].data_ptr(),
                                         *(lin.native for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))))
-        return bindings.Layers(dims, structs, SHORT_QUERY)
+        return bindings.Layers(dims, structs, PROMPT_CHUNK)
 
     # -- the engine's calls -------------------------------------------------------------------
 
@@ -307,7 +312,7 @@ class FastEngine:
 
     def run_native(self, layers: range, hidden: torch.Tensor, ctx: StepContext, cache: KVCache | None):
         """`layers` in one call of decode.c where `_native_room` allows it (a prompt, with
-        `native_prefill`, in one call per SHORT_QUERY positions); None otherwise (the caller takes
+        `native_prefill`, in one call per PROMPT_CHUNK positions); None otherwise (the caller takes
         the PyTorch path). Causal (or tree) attention over the cache, no mask tensor needed; the
         same bits whether the layers run in one call or one call each, and a prompt's positions
         the bits one-token steps would give them."""
@@ -318,9 +323,9 @@ class FastEngine:
         start, keys = room
         values = [cache.values[i] for i in layers]
         q_len = hidden.shape[1]
-        outs = [self.native.forward(layers, hidden[:, a : a + SHORT_QUERY], start + a, ctx.tree_parents, keys, values,
-                                    step.cos[a : a + SHORT_QUERY], step.sin[a : a + SHORT_QUERY])
-                for a in range(0, q_len, SHORT_QUERY)]
+        outs = [self.native.forward(layers, hidden[:, a : a + PROMPT_CHUNK], start + a, ctx.tree_parents, keys, values,
+                                    step.cos[a : a + PROMPT_CHUNK], step.sin[a : a + PROMPT_CHUNK])
+                for a in range(0, q_len, PROMPT_CHUNK)]
         for i in layers:
             cache.lengths[i] += q_len
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)

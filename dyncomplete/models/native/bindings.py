@@ -105,6 +105,8 @@ class Layers:
         and returns the last layer's output. `cos`/`sin` (q, head_dim): the rows' rotary tables."""
         first, n, key_ptrs, value_ptrs, capacities = self._args(layers, keys, values)
         q_len = hidden.shape[1]
+        if q_len > self.max_rows:
+            raise ValueError(f"a call takes at most {self.max_rows} rows (its scratch), not {q_len}")
         tree = (ctypes.c_int * q_len)(*parents) if parents is not None else None
         hidden = hidden.contiguous()  # kept alive through the call
         out = torch.empty_like(hidden)
@@ -145,6 +147,8 @@ class Layers:
         """The keys and values of `layers`, all from hidden (1, q, d), written at slots start, ..."""
         first, n, key_ptrs, value_ptrs, capacities = self._args(layers, keys, values)
         q_len = hidden.shape[1]
+        if q_len > self.max_rows:
+            raise ValueError(f"a call takes at most {self.max_rows} rows (its scratch), not {q_len}")
         hidden = hidden.contiguous()  # kept alive through the call
         library().layers_project_kv(
             ctypes.byref(self.dims), first, n, hidden.data_ptr(), q_len, start, key_ptrs, value_ptrs, capacities,
