@@ -184,10 +184,10 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
         for (int r = 0; r < NR; r++) acc[c][r] = _mm512_setzero_ps();
     const __m512i nibble = _mm512_set1_epi8(15);
     for (int g = 0; g < groups; g++) {
-        /* several rows: the levels 8 groups ahead, so that memory streams them while the rows
-         * compute (without it the two took turns: 8 rows cost 1.9 one-row passes, 1.6 with it, on
-         * AMD Zen 4); one row keeps up with memory, and a prefetch there only slowed it */
-        if (NR > 1)
+        /* four rows or more: the levels 8 groups ahead, so that memory streams them while the
+         * rows compute (without it the two took turns: 8 rows cost 1.9 one-row passes, 1.6 with
+         * it, on AMD Zen 4); fewer rows keep up with memory, and there it only slowed them */
+        if (NR >= 4)
             PRAGMA_UNROLL
             for (int c = 0; c < NB; c++)
                 for (int k = 0; k < 4; k++)
