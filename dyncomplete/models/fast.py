@@ -306,7 +306,10 @@ class FastEngine:
                 self._store_kv(i, cache, new_k, new_v, hidden)
             return
         start, keys = room
-        self.native.project_kv(layers, hidden, start, keys, [cache.values[i] for i in layers], step.cos, step.sin)
+        values = [cache.values[i] for i in layers]
+        for a in range(0, hidden.shape[1], PROMPT_CHUNK):  # as many rows a call as run_native's scratch holds
+            self.native.project_kv(layers, hidden[:, a : a + PROMPT_CHUNK], start + a, keys, values,
+                                   step.cos[a : a + PROMPT_CHUNK], step.sin[a : a + PROMPT_CHUNK])
         for i in layers:
             cache.lengths[i] += hidden.shape[1]
 
