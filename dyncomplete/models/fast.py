@@ -28,8 +28,9 @@ as `invariant.py` requires for lossless speculative decoding in bfloat16.
 Quantized weights (`quant="int8"` or `"int4"`, `weights.py`) replace every linear layer, the LM
 head included; with int4 the native kernels also run whole layers for short queries
 (`run_native`). The Hugging Face modules then hold the dequantized weights, so the `hf` engine
-and prompt passes on CPUs with AMX (more than `SHORT_QUERY` positions, where oneDNN's bfloat16 GEMM
-wins there) multiply by the same model; every method prefills the same way, so identity between methods holds.
+and prompt passes on CPUs with AMX (more than `SHORT_QUERY` positions, where oneDNN's bfloat16
+GEMM wins there) multiply by the same model; every method prefills the same way, so identity
+between methods holds.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ from .weights import QUANTS, Linear
 
 FAST_KINDS = ("llama", "qwen2")
 SPAN = 256  # short-query attention reads the cache in whole multiples of this many positions
-# prompt positions per call of decode.c (`native_prefill`): a call streams every weight from memory
-# once, so longer calls read them less often (AMD Zen 4, Qwen 0.5B: 16 -> 128 rows 1.2x; 512 no more)
+# prompt positions per call of decode.c (`native_prefill`; the scratch of `bindings.Layers`): a
+# call streams every weight from memory once, so longer calls read them less often (AMD Zen 4,
+# Qwen 0.5B: 16 -> 128 rows 1.2x; 512 no more)
 PROMPT_CHUNK = 128
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose frequencies never change
 
@@ -306,16 +308,13 @@ class FastEngine:
                 self._store_kv(i, cache, new_k, new_v, hidden)
             return
         start, keys = room
-        values = [cache.values[i] for i in layers]
-        for a in range(0, hidden.shape[1], PROMPT_CHUNK):  # as many rows a call as run_native's scratch holds
-            self.native.project_kv(layers, hidden[:, a : a + PROMPT_CHUNK], start + a, keys, values,
-                                   step.cos[a : a + PROMPT_CHUNK], step.sin[a : a + PROMPT_CHUNK])
+        self.native.project_kv(layers, hidden, start, keys, [cache.values[i] for i in layers], step.cos, step.sin)
         for i in layers:
             cache.lengths[i] += hidden.shape[1]
 
     def run_native(self, layers: range, hidden: torch.Tensor, ctx: StepContext, cache: KVCache | None):
         """`layers` in one call of decode.c where `_native_room` allows it (a prompt, with
-        `native_prefill`, in one call per PROMPT_CHUNK positions); None otherwise (the caller takes
+        `native_prefill`, in calls of PROMPT_CHUNK positions); None otherwise (the caller takes
         the PyTorch path). Causal (or tree) attention over the cache, no mask tensor needed; the
         same bits whether the layers run in one call or one call each, and a prompt's positions
         the bits one-token steps would give them."""
@@ -325,13 +324,10 @@ class FastEngine:
             return None
         start, keys = room
         values = [cache.values[i] for i in layers]
-        q_len = hidden.shape[1]
-        outs = [self.native.forward(layers, hidden[:, a : a + PROMPT_CHUNK], start + a, ctx.tree_parents, keys, values,
-                                    step.cos[a : a + PROMPT_CHUNK], step.sin[a : a + PROMPT_CHUNK])
-                for a in range(0, q_len, PROMPT_CHUNK)]
+        out = self.native.forward(layers, hidden, start, ctx.tree_parents, keys, values, step.cos, step.sin)
         for i in layers:
-            cache.lengths[i] += q_len
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+            cache.lengths[i] += hidden.shape[1]
+        return out
 
     def run_exit(self, hidden: torch.Tensor, resume: list[int], ctx: StepContext, cache: KVCache,
                  exits: bindings.Exits, propagate: bool) -> tuple[int, torch.Tensor] | None:

@@ -102,17 +102,21 @@ class Layers:
                 sin: torch.Tensor) -> torch.Tensor:
         """`layers` on hidden (1, q, d) whose rows take cache slots start, start + 1, ...
         (`parents`: a token tree's, else a chain); writes their keys and values into the buffers
-        and returns the last layer's output. `cos`/`sin` (q, head_dim): the rows' rotary tables."""
+        and returns the last layer's output. `cos`/`sin` (q, head_dim): the rows' rotary tables.
+        A chain longer than the scratch holds runs in calls of `max_rows` rows, in order: a row's
+        bits do not depend on the call it is in."""
         first, n, key_ptrs, value_ptrs, capacities = self._args(layers, keys, values)
         q_len = hidden.shape[1]
-        if q_len > self.max_rows:
-            raise ValueError(f"a call takes at most {self.max_rows} rows (its scratch), not {q_len}")
+        if parents is not None and q_len > self.max_rows:
+            raise ValueError(f"a token tree takes at most {self.max_rows} rows (the scratch's), not {q_len}")
         tree = (ctypes.c_int * q_len)(*parents) if parents is not None else None
-        hidden = hidden.contiguous()  # kept alive through the call
+        hidden = hidden.contiguous()  # kept alive through the calls
         out = torch.empty_like(hidden)
-        library().layers_forward(
-            ctypes.byref(self.dims), first, n, hidden.data_ptr(), out.data_ptr(), q_len, start, tree, key_ptrs,
-            value_ptrs, capacities, cos.data_ptr(), sin.data_ptr(), self.workspace.data_ptr())
+        for a in range(0, q_len, self.max_rows):
+            library().layers_forward(
+                ctypes.byref(self.dims), first, n, hidden[:, a:].data_ptr(), out[:, a:].data_ptr(),
+                min(self.max_rows, q_len - a), start + a, tree, key_ptrs, value_ptrs, capacities, cos[a:].data_ptr(),
+                sin[a:].data_ptr(), self.workspace.data_ptr())
         return out
 
     def forward_batch(self, hidden: torch.Tensor, segments: list[tuple[int, int, list[torch.Tensor], list[torch.Tensor]]],
@@ -144,15 +148,15 @@ class Layers:
 
     def project_kv(self, layers: range, hidden: torch.Tensor, start: int, keys: list[torch.Tensor],
                    values: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor) -> None:
-        """The keys and values of `layers`, all from hidden (1, q, d), written at slots start, ..."""
+        """The keys and values of `layers`, all from hidden (1, q, d), written at slots start, ...
+        (in calls of at most `max_rows` rows, as `forward`)."""
         first, n, key_ptrs, value_ptrs, capacities = self._args(layers, keys, values)
         q_len = hidden.shape[1]
-        if q_len > self.max_rows:
-            raise ValueError(f"a call takes at most {self.max_rows} rows (its scratch), not {q_len}")
-        hidden = hidden.contiguous()  # kept alive through the call
-        library().layers_project_kv(
-            ctypes.byref(self.dims), first, n, hidden.data_ptr(), q_len, start, key_ptrs, value_ptrs, capacities,
-            cos.data_ptr(), sin.data_ptr(), self.workspace.data_ptr())
+        hidden = hidden.contiguous()  # kept alive through the calls
+        for a in range(0, q_len, self.max_rows):
+            library().layers_project_kv(
+                ctypes.byref(self.dims), first, n, hidden[:, a:].data_ptr(), min(self.max_rows, q_len - a), start + a,
+                key_ptrs, value_ptrs, capacities, cos[a:].data_ptr(), sin[a:].data_ptr(), self.workspace.data_ptr())
 
     def forward_exit(self, hidden: torch.Tensor, first: int, resume: list[int], exits: Exits, final_norm: torch.Tensor,
                      propagate: bool, keys: list[torch.Tensor], values: list[torch.Tensor], cos: torch.Tensor,
