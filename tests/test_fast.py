@@ -17,7 +17,7 @@ from dyncomplete.methods.verify import Draft, commit_path, score
 from dyncomplete.models import LayeredModel, load
 from dyncomplete.models.attention import SHORT_QUERY
 from dyncomplete.models.fast import PROMPT_CHUNK
-from dyncomplete.models.weights import Linear, quantize_int4, quantize_int8
+from dyncomplete.models.weights import Linear, quantize_levels
 from dyncomplete.paths import cpu_has_bf16
 from dyncomplete.models.verify_cost import measure_verify_cost
 
@@ -127,16 +127,18 @@ def test_quantized_kernels_give_a_row_the_same_result_at_any_row_count(quant, sh
     assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight))
 
 
-def test_quantization_error_is_small():
+@pytest.mark.parametrize("quant, top", [("int4", 15), ("int8", 255)])
+def test_quantization_error_is_small(quant, top):
+    """Levels in range, and the dequantized weight within about half a level of the weight (the
+    bfloat16 scale and zero add a little: at most 8 bits of mantissa)."""
     w = torch.randn(64, 256, generator=torch.Generator().manual_seed(6))
-    q, scales = quantize_int8(w, torch.float32)
-    assert (q.float() * scales[:, None] - w).abs().max() <= scales.max() / 2 + 1e-6
-    levels, sz = quantize_int4(w, torch.float32, 32)
-    assert levels.min() >= 0 and levels.max() <= 15 and sz.shape == (256 // 32, 64, 2)
-    deq = Linear(w.bfloat16(), None, "int4").dequantized().float()
-    assert (deq - w).abs().max() < 0.6 * (w.abs().max() * 2 / 15)
-    with pytest.raises(ValueError, match="int4 weights run in bfloat16"):
-        Linear(w, None, "int4")
+    levels, sz = quantize_levels(w, torch.float32, top.bit_length())
+    assert levels.min() == 0 and levels.max() == top and sz.shape == (256 // 32, 64, 2)
+    deq = Linear(w.bfloat16(), None, quant).dequantized().float()
+    step = (w.reshape(64, 8, 32).amax(-1) - w.reshape(64, 8, 32).amin(-1)) / top  # each group's level
+    assert ((deq - w).abs().reshape(64, 8, 32) <= 0.6 * step[..., None] + 4e-3 * w.abs().max()).all()
+    with pytest.raises(ValueError, match=f"{quant} weights run in bfloat16"):
+        Linear(w, None, quant)
 
 
 @pytest.fixture(scope="module", params=["int8", "int4"])
@@ -179,8 +181,8 @@ def test_quantized_model_agrees_with_the_unquantized_one_on_most_greedy_tokens(q
     """A quality floor: top-1 agreement over real code positions with the model `--quant none`
     runs on this CPU: bfloat16 where the CPU has bfloat16 instructions, float32 elsewhere (where
     bfloat16 products are emulated, and `--dtype auto` is float32 for unquantized weights).
-    Over 1,653 positions: on 494 the share's standard error (1%) put int8 on either side of its
-    floor by CPU kind (0.949 to 0.958 measured on three)."""
+    Over 1,653 positions (standard error of a share about 1%): int8 in groups of 32 agreed on 0.967,
+    int4 on 0.874 (AMD Zen 4; PyTorch's per-channel int8 before it, 0.949 to 0.958 on three kinds)."""
     reference = request.getfixturevalue("smollm_bf16" if cpu_has_bf16() else "smollm")
     agree = total = 0
     for text in stdlib_prompts(16):
@@ -213,8 +215,6 @@ def test_a_prompt_through_decode_c_gets_the_bits_of_one_token_steps(quantized, p
     """`native_prefill` (the default except on CPUs with AMX): a prompt in chunks of PROMPT_CHUNK
     positions gives the last logits and the cache that feeding its tokens one at a time gives, on
     any CPU."""
-    if quantized.quant != "int4":
-        pytest.skip("decode.c runs int4 weights")
     engine = quantized.engines["fast"]
     ids = long_ids(quantized, prompt)
     default = engine.native_prefill
@@ -233,7 +233,7 @@ def test_a_prompt_through_decode_c_gets_the_bits_of_one_token_steps(quantized, p
 
 
 @pytest.mark.model
-def test_auto_dtype_is_bfloat16_for_int4_kernels_on_a_cpu_without_bfloat16_instructions(monkeypatch):
+def test_auto_dtype_is_bfloat16_for_native_kernels_on_a_cpu_without_bfloat16_instructions(monkeypatch):
     from dyncomplete.models import loading
 
     monkeypatch.setattr(loading, "resolve_dtype", lambda name, device="cpu": torch.float32 if name == "auto" else
@@ -241,8 +241,8 @@ def test_auto_dtype_is_bfloat16_for_int4_kernels_on_a_cpu_without_bfloat16_instr
     config = loading.cached_dir("smollm2-135m") / "config.json"
     pick = lambda **kw: loading.load_dtype(**({"dtype": "auto", "device": "cpu", "quant": "auto", "engine": "auto",
                                                "config": config} | kw))
-    assert pick() == pick(quant="int4") == pick(engine="fast") == torch.bfloat16
-    assert pick(quant="none") == pick(quant="int8") == pick(engine="hf") == pick(dtype="float32") == torch.float32
+    assert pick() == pick(quant="int4") == pick(quant="int8") == pick(engine="fast") == torch.bfloat16
+    assert pick(quant="none") == pick(engine="hf") == pick(dtype="float32") == torch.float32
 
 
 def test_quantization_needs_the_fast_engine():
@@ -309,7 +309,7 @@ def test_a_token_tree_on_quantized_weights_too(quantized, request):
 
 def check_tree_against_chains(model):
     """One pass over a token tree (two branches, one of them forked again) against plain passes
-    over each row's own chain: the same bits in bfloat16 (PyTorch's tree mask; int8) and int4
+    over each row's own chain: the same bits in bfloat16 (PyTorch's tree mask) and int4/int8
     (the native kernels' tree attention), where passes are batch-invariant by design; in float32,
     where SDPA's sums depend on the keys' count, within rounding. After `commit_path` the cache
     holds what the accepted branch's chain would have left."""

@@ -39,10 +39,11 @@ def portable(request, tmp_path_factory):
 
 
 # (1020, 160): a partial last block inside a whole unit of blocks; 13 rows: tiles of 8, 4 and 1
+@pytest.mark.parametrize("quant", ["int4", "int8"])
 @pytest.mark.parametrize("shape", [(100, 96), (576, 1536), (1001, 864), (1020, 160)])
-def test_portable_builds_compute_the_same_products_row_by_row(portable, shape):
+def test_portable_builds_compute_the_same_products_row_by_row(portable, shape, quant):
     g = torch.Generator().manual_seed(shape[1])
-    lin = Linear((torch.randn(shape, generator=g) * 0.05).bfloat16(), torch.randn(shape[0]).bfloat16(), "int4")
+    lin = Linear((torch.randn(shape, generator=g) * 0.05).bfloat16(), torch.randn(shape[0]).bfloat16(), quant)
     rows = 13
     x = torch.randn(rows, shape[1], generator=g).bfloat16()
     here = product(native.library(), lin, x)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-WEIGHTS = {"int8": "int8 (weight-only)", "int4": "int4 (weight-only, groups of 32)"}
+WEIGHTS = {"int8": "int8 (weight-only, groups of 32)", "int4": "int4 (weight-only, groups of 32)"}
 
 
 def _fmt(value, digits: int = 1, suffix: str = "") -> str:

@@ -51,7 +51,7 @@ from .masks import Masks, tree_slots
 from .native import bindings
 from .rotary import RotaryTables
 from .step import StepContext
-from .weights import QUANTS, Linear
+from .weights import BITS, QUANTS, Linear
 
 FAST_KINDS = ("llama", "qwen2")
 SPAN = 256  # short-query attention reads the cache in whole multiples of this many positions
@@ -132,7 +132,7 @@ class FastEngine:
     """Per-layer computation for a llama/qwen2 decoder (see the module docstring)."""
 
     def __init__(self, decoder: Decoder, quant: str = "none", packed: dict[str, tuple] | None = None):
-        """`packed`: the int4 blocks of every linear by its name in `linears` (a snapshot's, `packed.py`),
+        """`packed`: the int4/int8 blocks of every linear by its name in `linears` (a snapshot's, `packed.py`),
         the decoder's weights then being their dequantized values already."""
         if not supports(decoder):
             raise ValueError(f"the fast engine runs llama and qwen2 (static RoPE, SiLU), not {decoder.kind}")
@@ -142,8 +142,8 @@ class FastEngine:
         self.quant = quant
         config = decoder.config
         dtype, device = decoder.lm_head.weight.dtype, decoder.lm_head.weight.device
-        if packed is not None and quant != "int4":
-            raise ValueError(f"packed int4 blocks need --quant int4, not {quant}")
+        if packed is not None and quant not in BITS:
+            raise ValueError(f"packed blocks need --quant int4 or int8, not {quant}")
         if quant != "none" and device.type != "cpu":
             raise ValueError("quantized weights use PyTorch's CPU kernels: run them on the CPU")
         self.dtype, self.device = dtype, device
@@ -184,7 +184,7 @@ class FastEngine:
                     attn,
                 ))
             self.final_norm_weight = decoder.core.norm.weight
-            self.native = self._native_layers() if quant == "int4" else None
+            self.native = self._native_layers() if quant in BITS else None
             head = decoder.lm_head
             self.lm_head = linear("lm_head", head.weight, head.bias)
         self.embedding = decoder.core.embed_tokens.weight
@@ -197,7 +197,7 @@ class FastEngine:
         """decode.c's view of every layer (pointers into this engine's tensors); the layers run
         there for short queries on full-attention layers."""
         if self.head_dim % 32:
-            raise ValueError(f"int4 decoding needs a head dimension divisible by 32, not {self.head_dim}")
+            raise ValueError(f"{self.quant} decoding needs a head dimension divisible by 32, not {self.head_dim}")
         dims = native.Dims(self.d.config.hidden_size, self.heads, self.kv_heads, self.head_dim, self.intermediate,
                            self.eps, self.scale)
         structs = []

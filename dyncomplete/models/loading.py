@@ -1,7 +1,7 @@
 """Load a model by alias, local directory, `.gguf` path or hub id into a `LayeredModel`.
 
 GGUF files are converted once (dequantised by transformers) into a plain safetensors directory
-in the cache. A registered model loaded for the int4 engine is also saved once as that engine
+in the cache. A registered model loaded for the int4 or int8 engine is also saved once as that engine
 reads it (`packed.py`), and later loads map that snapshot instead. Conversions are written to a
 temporary name and renamed at the end, so an interrupted run leaves nothing half-written. Each
 converted directory carries the SHA-256 of its files, recorded at conversion and checked at
@@ -26,6 +26,7 @@ from .layered import LayeredModel
 from .packed import Snapshot
 from .registry import REGISTRY, ModelError, cache_root, cached_dir, lookup, sha256_of
 from .tuned import merge_adapter, tuned_base
+from .weights import BITS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,12 +44,12 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
 
 def load_dtype(dtype: str, device: str, quant: str, engine: str, config: Path) -> torch.dtype:
     """`resolve_dtype`, but `auto` is bfloat16 also on a CPU without bfloat16 instructions where the
-    int4 kernels will run (llama or qwen2 by `config`, `--quant auto` or `int4`): decode.c computes
+    native kernels will run (llama or qwen2 by `config`, `--quant auto`, `int4` or `int8`): decode.c computes
     in int8 and float32 and only stores bfloat16, and its prompts then run there too
     (`native_prefill`). A `config` that cannot be read (a hub id's) keeps `resolve_dtype`'s choice."""
     chosen = resolve_dtype(dtype, device)
-    int4 = quant == "int4" or quant == "auto"
-    if dtype != "auto" or chosen != torch.float32 or device != "cpu" or engine == "hf" or not int4:
+    native_quant = quant in BITS or quant == "auto"
+    if dtype != "auto" or chosen != torch.float32 or device != "cpu" or engine == "hf" or not native_quant:
         return chosen
     try:
         model_type = json.loads(config.read_text()).get("model_type")
@@ -208,10 +209,10 @@ def load(name: str, dtype: str = "auto", device: str = "cpu", progress=print, qu
         raise ModelError(f"{name}: {exc}") from exc
     if snapshot is not None:
         snapshot.save(layered, progress)
-    if layered.dtype == torch.bfloat16 and layered.quant != "int4" and device == "cpu" and not cpu_has_bf16():
+    if layered.dtype == torch.bfloat16 and layered.quant not in BITS and device == "cpu" and not cpu_has_bf16():
         progress("warning: this CPU has no bfloat16 instructions, and PyTorch's bfloat16 products here depend on "
                  "how many positions run together: speculative methods may differ from baseline (invariant.py); "
-                 "use --quant int4 (what --dtype auto picks) or --dtype float32")
+                 "use --quant int4 or int8 (native kernels) or --dtype float32")
     if device.startswith("cuda") and (layered.engine != "fast" or layered.dtype == torch.float32):
         progress("warning: on a GPU, PyTorch's products here depend on how many positions run together "
                  "(tests/test_cuda.py, seen on an H200): speculative methods may differ from baseline; "

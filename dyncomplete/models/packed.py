@@ -1,13 +1,13 @@
 """Weights cached in the format the engine reads: a model as `load` builds it for the fast engine
-with int4 weights, saved once and memory-mapped at later loads.
+with int4 or int8 weights, saved once and memory-mapped at later loads.
 
 Building that model from the converted float32 copy hashes the whole copy, rounds it to
 bfloat16 and quantizes and packs every linear layer again, at every start. A snapshot holds the
 result: the Hugging Face modules' dequantized bfloat16 weights (what prompts and the `hf` engine
-multiply by) and decode.c's packed int4 blocks. `torch.load(mmap=True, weights_only=True)` maps
+multiply by) and decode.c's packed blocks. `torch.load(mmap=True, weights_only=True)` maps
 them without running anything from the file, and the fast engine takes the blocks as they are.
 
-A snapshot lives in `$DYNCOMPLETE_CACHE/packed/NAME-bfloat16-int4/`, with its source's config and
+A snapshot lives in `$DYNCOMPLETE_CACHE/packed/NAME-bfloat16-int4/` (or `-int8/`), with its source's config and
 tokenizer files, in `SHARDS` files of about equal size (hashed in parallel), and carries the
 digest of `integrity.py`, checked at every load: a damaged snapshot is refused, never served.
 `snapshot.json` records what it was made from (the converted copy's digest record, a tuned
@@ -44,25 +44,28 @@ SOURCE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
 
 def _code_digest() -> str:
     """What the packed blocks depend on besides the weights: the functions that make them."""
-    code = inspect.getsource(weights.quantize_int4) + inspect.getsource(native.pack_int4)
+    code = inspect.getsource(weights.quantize_levels) + inspect.getsource(native.pack_levels)
     return hashlib.sha256(code.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
 class Snapshot:
     name: str
+    quant: str  # int4 or int8
     folder: Path
     source: Path  # the converted copy it is made from
 
     @staticmethod
     def for_load(name: str, dtype: torch.dtype, quant: str, engine: str, device: str) -> Snapshot | None:
         """The snapshot a `load` with these arguments would read or make; None where none applies
-        (not int4 in bfloat16 on the fast engine's CPU path, or not a registered model)."""
+        (not int4/int8 in bfloat16 on the fast engine's CPU path, or not a registered model)."""
         base = tuned_base(name) or name
-        int4 = quant == "int4" or (quant == "auto" and fast.default_quant("fast", torch.device(device), dtype) == "int4")
-        if base not in REGISTRY or not int4 or dtype != torch.bfloat16 or engine == "hf" or device != "cpu":
+        if quant == "auto":
+            quant = fast.default_quant("fast", torch.device(device), dtype)
+        if base not in REGISTRY or quant not in weights.BITS or dtype != torch.bfloat16 or engine == "hf" \
+                or device != "cpu":
             return None
-        return Snapshot(name, cache_root() / "packed" / f"{name}-bfloat16-int4", cached_dir(base))
+        return Snapshot(name, quant, cache_root() / "packed" / f"{name}-bfloat16-{quant}", cached_dir(base))
 
     def provenance(self) -> dict | None:
         """What this snapshot must have been made from now; None while the converted copy is missing."""
@@ -85,9 +88,9 @@ class Snapshot:
         return made_from == self.provenance()
 
     def save(self, model: LayeredModel, progress=print) -> None:
-        """Write `model` (as `load` built it: fast engine, int4) as this snapshot, atomically."""
+        """Write `model` (as `load` built it: fast engine, this snapshot's format) as this snapshot, atomically."""
         provenance = self.provenance()
-        if provenance is None or model.engine != "fast" or model.quant != "int4":
+        if provenance is None or model.engine != "fast" or model.quant != self.quant:
             return
         progress(f"saving {self.name} as the engine reads it in {self.folder} (once) ...")
         tensors = {f"param.{k}": p.detach() for k, p in model.hf.named_parameters()}
@@ -138,7 +141,7 @@ class Snapshot:
                 stem = key[: -len(".q")]
                 packed[stem[len("packed."):]] = tuple(tensors[f"{stem}.{part}"] for part in ("q", "scales", "zeros"))
         return LayeredModel(hf, tokenizer, name=self.name, source_sha256=record["source_sha256"], engine="fast",
-                            quant="int4", packed=packed)
+                            quant=self.quant, packed=packed)
 
 
 def _shards(tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:

@@ -3,7 +3,7 @@ this machine: measured, not assumed.
 
 Draft lengths trade expected accepted tokens against the work of verifying them, and that work
 depends on the weight format: plain bfloat16 products are bound by reading the weights (8 rows
-cost about 1.15x one row on the CPU), the int8/int4 weight-only kernels are bound by compute
+cost about 1.15x one row on the CPU), the native int8/int4 kernels are bound by compute
 (8 rows about 3x one row). A draft length that pays in one format wastes time in another.
 Measured once per (CPU, model, engine, weights, dtype, threads) and cached.
 """
@@ -17,12 +17,13 @@ import torch
 
 from ..paths import machine_measurement
 from .native import source_digest
+from .weights import BITS
 
 
 def native_kernels(model) -> str:
     """Which kernels decode `model` (their cost is what is measured): the native library's source
-    digest for int4 weights, PyTorch's otherwise."""
-    return "native-" + source_digest()[:8] if getattr(model, "quant", "none") == "int4" else "torch"
+    digest for int4/int8 weights, PyTorch's otherwise."""
+    return "native-" + source_digest()[:8] if getattr(model, "quant", "none") in BITS else "torch"
 
 POSITIONS = 8  # the verification pass measured: this many positions at once
 CONTEXT = 256  # tokens already in the cache, a typical completion prompt's order of size

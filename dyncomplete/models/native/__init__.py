@@ -1,11 +1,11 @@
-"""The fast engine's native decode kernels (`decode.c`): int4 products and one whole decoder layer
-per call for short queries.
+"""The fast engine's native decode kernels (`decode.c`): int4 and int8 products and one whole
+decoder layer per call for short queries.
 
 The C file is compiled on first use for this CPU (`cc -O3 -march=native -fopenmp`) into the
 cache, one library per (source, CPU); `bindings.py` calls it through ctypes with the data pointers
 of PyTorch tensors. The library links the OpenMP runtime PyTorch has loaded, so both
 share one pool of threads. Without a C compiler, `library()` raises `NativeUnavailable` and
-int4 weights are refused with that message.
+int4 and int8 weights are refused with that message.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ...paths import cache_root, cpu_name
 
 SOURCE = Path(__file__).with_name("decode.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
-GROUP = 32  # input features per int4 scale/zero pair (decode.c's GROUP)
+GROUP = 32  # input features per scale/zero pair (decode.c's GROUP)
 BLOCK = 16  # output features per block of packed weights (decode.c's BLOCK)
 
 
@@ -36,7 +36,7 @@ class NativeUnavailable(ValueError):
 
 class Linear(ctypes.Structure):
     _fields_ = [("q", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("zeros", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p), ("out", ctypes.c_int), ("in_", ctypes.c_int)]
+                ("bias", ctypes.c_void_p), ("out", ctypes.c_int), ("in_", ctypes.c_int), ("bits", ctypes.c_int)]
 
 
 class Layer(ctypes.Structure):
@@ -74,8 +74,8 @@ class ExitPlan(ctypes.Structure):
 def _compile(target: Path, flags: list[str]) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        raise NativeUnavailable("int4 weights need a C compiler for the native kernels (apt-get install gcc), "
-                                "or use --quant none")
+        raise NativeUnavailable("int4 and int8 weights need a C compiler for the native kernels "
+                                "(apt-get install gcc), or use --quant none")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
@@ -83,8 +83,8 @@ def _compile(target: Path, flags: list[str]) -> None:
             done = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
                                   text=True)
         except OSError as exc:
-            raise NativeUnavailable(f"cannot run the C compiler {compiler!r} ({exc.strerror}): int4 weights need "
-                                    "one for the native kernels (apt-get install gcc), or use --quant none") from exc
+            raise NativeUnavailable(f"cannot run the C compiler {compiler!r} ({exc.strerror}): int4 and int8 weights "
+                                    "need one for the native kernels (apt-get install gcc), or use --quant none") from exc
         if done.returncode:
             raise NativeUnavailable(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-500:]}")
         os.replace(built, target)  # atomic: a concurrent process sees the old state or the whole file
@@ -161,22 +161,26 @@ def available() -> bool:
     return True
 
 
-def pack_int4(levels: torch.Tensor, scales_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """decode.c's weights from `weights.quantize_int4`'s output (levels (N, K) in 0..15, scales and
-    zeros (K / GROUP, N, 2) bf16), in blocks of BLOCK output features (N padded with zero scales):
-    levels (blocks, K / GROUP, 4, BLOCK, 4) uint8, byte [b, g, j, f, i] = level 4j + i of group g
-    of feature f (low nibble) and level 16 + 4j + i (high nibble); scales and zeros
-    (blocks, K / GROUP, BLOCK) bf16."""
+def pack_levels(levels: torch.Tensor, scales_zeros: torch.Tensor,
+                bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """decode.c's weights from `weights.quantize_levels`' output (levels (N, K), scales and zeros
+    (K / GROUP, N, 2) bf16), in blocks of BLOCK output features (N padded with zero scales):
+    scales and zeros (blocks, K / GROUP, BLOCK) bf16, and levels uint8
+    - int4: (blocks, K / GROUP, 4, BLOCK, 4), byte [b, g, j, f, i] = level 4j + i of group g of
+      feature f (low nibble) and level 16 + 4j + i (high nibble);
+    - int8: (blocks, K / GROUP, 8, BLOCK, 4), byte [b, g, j, f, i] = level 4j + i."""
     n, k = levels.shape
     pad = -n % BLOCK
-    q = F.pad(levels.to(torch.uint8), (0, 0, 0, pad)).reshape(-1, BLOCK, k // GROUP, 2, 4, 4)  # b f g half j i
-    nibbles = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).contiguous()  # b g j f i
+    q = F.pad(levels.to(torch.uint8), (0, 0, 0, pad)).reshape(-1, BLOCK, k // GROUP, 8, 4)  # b f g j i
+    if bits == 4:
+        q = q[:, :, :, :4] | (q[:, :, :, 4:] << 4)  # levels 16.. in the high nibbles
+    packed = q.permute(0, 2, 3, 1, 4).contiguous()  # b g j f i
     sz = F.pad(scales_zeros, (0, 0, 0, pad)).reshape(k // GROUP, -1, BLOCK, 2).transpose(0, 1)  # b g f 2
-    return nibbles, sz[..., 0].contiguous(), sz[..., 1].contiguous()
+    return packed, sz[..., 0].contiguous(), sz[..., 1].contiguous()
 
 
 def linear_struct(packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
-                  out_features: int) -> Linear:
+                  out_features: int, bits: int) -> Linear:
     q, scales, zeros = packed
     return Linear(q.data_ptr(), scales.data_ptr(), zeros.data_ptr(), bias.data_ptr() if bias is not None else None,
-                  out_features, q.shape[1] * GROUP)
+                  out_features, q.shape[1] * GROUP, bits)

@@ -1,4 +1,4 @@
-"""The calls into decode.c: one int4 product, a run of whole layers (or their keys and values
+"""The calls into decode.c: one int4 or int8 product, a run of whole layers (or their keys and values
 alone) for short queries, and an early-exit step with its decisions inside the layer loop."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from . import ACTIVATIONS, FEATURES, MAX_DENSE, MAX_SEGMENTS, MAX_WIDTH, Dense, 
 
 
 def linear(weights: Linear, rows: torch.Tensor) -> torch.Tensor:
-    """rows (n, K) bf16 times the packed int4 `weights` (bias included): (n, N)."""
+    """rows (n, K) bf16 times the packed int4 or int8 `weights` (bias included): (n, N)."""
     rows = rows.contiguous()  # kept alive through the call
     n, lib = rows.shape[0], library()
     out = torch.empty(n, weights.out, dtype=rows.dtype)

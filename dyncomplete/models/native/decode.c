@@ -1,4 +1,4 @@
-/* Decode-time kernels of the fast engine: int4 weight-only products and one whole llama/qwen2
+/* Decode-time kernels of the fast engine: int4 and int8 weight-only products and one whole llama/qwen2
  * decoder layer for short queries (decode steps and verification passes), in one call.
  *
  * Why: a PyTorch decode step of SmolLM2 issues about 500 small operator calls a token, and their
@@ -11,8 +11,9 @@
  * its own; reductions run in a fixed order.
  *
  * Weights: groups of GROUP input features with a bf16 scale and zero each, w = (q - 8) * scale +
- * zero with levels q in 0..15, as the model's dequantized weights (fast.py, quantize_int4) define
- * it; laid out in blocks of 16 output features (see block_levels). Inputs are quantized to int8
+ * zero with levels q in 0..15 (int4), or w = (q - 128) * scale + zero with q in 0..255 (int8), as
+ * the model's dequantized weights (weights.py, quantize_levels) define it; laid out in blocks of 16
+ * output features (see block_levels). Inputs are quantized to int8
  * per group before they multiply (see quantize_group). The products have three versions, for
  * AVX512-VNNI, for AVX2 (AMD Zen 2 and 3, Intel client cores; without it they ran about 20 times
  * slower) and portable C, which give the same bits (tests/test_native.py).
@@ -37,9 +38,10 @@
 #define PRAGMA_UNROLL _Pragma("GCC unroll 8") /* tiles' loops: accumulators stay in registers */
 
 typedef struct {
-    const uint8_t *q;                      /* (blocks, groups, 256) levels, two a byte (see block_levels) */
+    const uint8_t *q;                      /* (blocks, groups, 256 or 512) levels (see block_levels) */
     const uint16_t *scales, *zeros, *bias; /* (blocks, groups, 16) bf16 each; bias (out,) bf16 or NULL */
     int out, in;
+    int bits; /* 4: two levels a byte; 8: one */
 } linear_t;
 
 typedef struct {
@@ -161,21 +163,27 @@ static inline void quantize_group(const float *x, int r, int g, int in, qinput_t
     qi.sums[(size_t)r * groups + g] = dx * (float)total;
 }
 
-/* Weights (see pack_int4 in __init__.py): blocks of BLOCK output features (the last padded with
- * zero scales), each group of a block 256 bytes: four steps of 64 bytes, step j holding for each
- * feature 4 bytes, byte i = level 4j + i (low nibble) and level 16 + 4j + i (high nibble); scales
- * and zeros (blocks, groups, BLOCK) bf16. So a vector of levels holds 4 inputs of 16 features,
- * and a u8 x s8 dot product (VNNI) against 4 broadcast input values gives each feature's lane its
- * own exact partial sum: no lanes to add across, and the float steps of a (feature, row) pair,
- * group after group, are the same in a tile of any size and in the portable loops below. */
-static inline const uint8_t *block_levels(const linear_t *lin, int b, int g) {
-    return lin->q + ((size_t)b * (lin->in / GROUP) + g) * (GROUP * BLOCK / 2);
+/* Weights (see pack_levels in __init__.py): blocks of BLOCK output features (the last padded
+ * with zero scales); scales and zeros (blocks, groups, BLOCK) bf16. int4: each group of a block
+ * 256 bytes, four steps of 64 bytes, step j holding for each feature 4 bytes, byte i = level
+ * 4j + i (low nibble) and level 16 + 4j + i (high nibble). int8: each group 512 bytes, eight
+ * steps of 64 bytes, step j holding for each feature levels 4j..4j + 3: the same order, with
+ * the high nibbles' levels 256 bytes further on. So a vector of levels holds 4 inputs of 16
+ * features, and a u8 x s8 dot product (VNNI) against 4 broadcast input values gives each
+ * feature's lane its own exact partial sum: no lanes to add across, and the float steps of a
+ * (feature, row) pair, group after group, are the same in a tile of any size and in the portable
+ * loops below. Both formats run the same float steps on an exact integer sum; only the zero
+ * point of the levels, ZERO_LEVEL, differs. */
+#define GROUP_BYTES(BITS) (GROUP * BLOCK * (BITS) / 8)
+#define ZERO_LEVEL(BITS) ((BITS) == 4 ? 8.f : 128.f)
+static inline const uint8_t *block_levels(const linear_t *lin, int b, int g, int bits) {
+    return lin->q + ((size_t)b * (lin->in / GROUP) + g) * GROUP_BYTES(bits);
 }
 
 #if defined(VECTOR_512) && defined(__AVX512VNNI__)
-/* NB blocks of features x NR rows from block b0 and row r0. */
+/* NB blocks of features x NR rows from block b0 and row r0, levels of BITS bits. */
 static inline __attribute__((always_inline)) void tile(const linear_t *lin, int b0, int NB, qinput_t qi, int r0,
-                                                       int NR, float *out) {
+                                                       int NR, float *out, int BITS) {
     int in = lin->in, groups = in / GROUP;
     __m512 acc[4][8];
     PRAGMA_UNROLL
@@ -190,8 +198,8 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
         if (NR >= 4)
             PRAGMA_UNROLL
             for (int c = 0; c < NB; c++)
-                for (int k = 0; k < 4; k++)
-                    _mm_prefetch((const char *)block_levels(lin, b0 + c, g + 8) + 64 * k, _MM_HINT_T0);
+                for (int k = 0; k < GROUP_BYTES(BITS) / 64; k++)
+                    _mm_prefetch((const char *)block_levels(lin, b0 + c, g + 8, BITS) + 64 * k, _MM_HINT_T0);
         __m512i lo_sum[4][8], hi_sum[4][8]; /* exact: the order of integer additions is free */
         PRAGMA_UNROLL
         for (int c = 0; c < NB; c++)
@@ -201,8 +209,14 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
         for (int j = 0; j < 4; j++)
             PRAGMA_UNROLL
             for (int c = 0; c < NB; c++) {
-                __m512i v = _mm512_loadu_si512(block_levels(lin, b0 + c, g) + 64 * j);
-                __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                const uint8_t *at = block_levels(lin, b0 + c, g, BITS) + 64 * j;
+                __m512i lo, hi;
+                if (BITS == 4) {
+                    __m512i v = _mm512_loadu_si512(at);
+                    lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                } else {
+                    lo = _mm512_loadu_si512(at), hi = _mm512_loadu_si512(at + 256);
+                }
                 PRAGMA_UNROLL
                 for (int r = 0; r < NR; r++) {
                     const int8_t *px = qi.q + (size_t)(r0 + r) * in + g * GROUP + 4 * j;
@@ -216,7 +230,7 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
         for (int c = 0; c < NB; c++) {
             size_t at = ((size_t)(b0 + c) * groups + g) * BLOCK;
             __m512 s = load_bf16(lin->scales + at, 0xffff);
-            __m512 zero = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), s, load_bf16(lin->zeros + at, 0xffff));
+            __m512 zero = _mm512_fnmadd_ps(_mm512_set1_ps(ZERO_LEVEL(BITS)), s, load_bf16(lin->zeros + at, 0xffff));
             PRAGMA_UNROLL
             for (int r = 0; r < NR; r++) {
                 size_t rg = (size_t)(r0 + r) * groups + g;
@@ -239,38 +253,52 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
 /* AVX2 without VNNI: a 256-bit vector of levels holds 4 inputs of 8 features (half a block). u8 x
  * s8 products summed in pairs (maddubs: at most 2 * 15 * 127 = 3810, so no saturation), the low and
  * high nibbles of the 4 steps added in 16 bits (at most 8 * 3810 = 30480 < 32767), then pairs to
- * 32 bits: each feature's exact isum, followed by the float steps of the portable loops. */
+ * 32 bits: each feature's exact isum, followed by the float steps of the portable loops. int8
+ * levels q = ql + 16 qh go through the same nibble products twice: isum = sum(ql x) + 16 sum(qh x),
+ * each half its own 16-bit sums. */
 static inline __attribute__((always_inline)) void tile(const linear_t *lin, int b0, int NB, qinput_t qi, int r0,
-                                                       int NR, float *out) {
+                                                       int NR, float *out, int BITS) {
     int in = lin->in, groups = in / GROUP;
     __m256 acc[4][2][8];
     PRAGMA_UNROLL
     for (int c = 0; c < NB; c++)
         PRAGMA_UNROLL
         for (int r = 0; r < NR; r++) acc[c][0][r] = acc[c][1][r] = _mm256_setzero_ps();
-    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
     for (int g = 0; g < groups; g++) {
-        __m256i sum[4][2][8];
+        __m256i sum[4][2][8], sum_high[4][2][8]; /* sum_high: int8's high nibbles */
         PRAGMA_UNROLL
         for (int c = 0; c < NB; c++)
             PRAGMA_UNROLL
-            for (int r = 0; r < NR; r++) sum[c][0][r] = sum[c][1][r] = _mm256_setzero_si256();
+            for (int r = 0; r < NR; r++)
+                sum[c][0][r] = sum[c][1][r] = sum_high[c][0][r] = sum_high[c][1][r] = _mm256_setzero_si256();
         PRAGMA_UNROLL
         for (int j = 0; j < 4; j++)
             PRAGMA_UNROLL
             for (int c = 0; c < NB; c++)
                 PRAGMA_UNROLL
                 for (int h = 0; h < 2; h++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(block_levels(lin, b0 + c, g) + 64 * j + 32 * h));
-                    __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                    const uint8_t *at = block_levels(lin, b0 + c, g, BITS) + 64 * j + 32 * h;
+                    __m256i v = _mm256_loadu_si256((const __m256i *)at), lo, hi, lo_high, hi_high;
+                    if (BITS == 4) {
+                        lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                    } else {
+                        __m256i w = _mm256_loadu_si256((const __m256i *)(at + 256));
+                        lo = _mm256_and_si256(v, nibble), lo_high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                        hi = _mm256_and_si256(w, nibble), hi_high = _mm256_and_si256(_mm256_srli_epi16(w, 4), nibble);
+                    }
                     PRAGMA_UNROLL
                     for (int r = 0; r < NR; r++) {
                         const int8_t *px = qi.q + (size_t)(r0 + r) * in + g * GROUP + 4 * j;
                         int32_t a, b;
                         memcpy(&a, px, 4), memcpy(&b, px + 16, 4);
-                        __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)),
-                                                     _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b)));
-                        sum[c][h][r] = _mm256_add_epi16(sum[c][h][r], p);
+                        __m256i xa = _mm256_set1_epi32(a), xb = _mm256_set1_epi32(b);
+                        sum[c][h][r] = _mm256_add_epi16(sum[c][h][r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),
+                                                                                       _mm256_maddubs_epi16(hi, xb)));
+                        if (BITS == 8)
+                            sum_high[c][h][r] = _mm256_add_epi16(
+                                sum_high[c][h][r],
+                                _mm256_add_epi16(_mm256_maddubs_epi16(lo_high, xa), _mm256_maddubs_epi16(hi_high, xb)));
                     }
                 }
         PRAGMA_UNROLL
@@ -279,11 +307,13 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
             for (int h = 0; h < 2; h++) {
                 size_t at = ((size_t)(b0 + c) * groups + g) * BLOCK + 8 * h;
                 __m256 s = load_bf16x8(lin->scales + at);
-                __m256 zero = _mm256_fnmadd_ps(_mm256_set1_ps(8.f), s, load_bf16x8(lin->zeros + at));
+                __m256 zero = _mm256_fnmadd_ps(_mm256_set1_ps(ZERO_LEVEL(BITS)), s, load_bf16x8(lin->zeros + at));
                 PRAGMA_UNROLL
                 for (int r = 0; r < NR; r++) {
                     size_t rg = (size_t)(r0 + r) * groups + g;
-                    __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum[c][h][r], ones));
+                    __m256i whole = _mm256_madd_epi16(sum[c][h][r], ones);
+                    if (BITS == 8) whole = _mm256_add_epi32(whole, _mm256_madd_epi16(sum_high[c][h][r], sixteens));
+                    __m256 isum = _mm256_cvtepi32_ps(whole);
                     acc[c][h][r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(s, _mm256_set1_ps(qi.dx[rg])), acc[c][h][r]);
                     acc[c][h][r] = _mm256_fmadd_ps(zero, _mm256_set1_ps(qi.sums[rg]), acc[c][h][r]);
                 }
@@ -338,10 +368,10 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
     "vpand %[nib], %[hi1], %[hi1]\n\t"                                                               \
     ROW_PRODUCTS(0, "(%[p0])", A, C) ROW_PRODUCTS(1, "(%[p0],%[in])", A, C)                              \
         ROW_PRODUCTS(2, "(%[p0],%[in],2)", A, C) ROW_PRODUCTS(3, "(%[p3])", A, C)
-static void tile_rows4(const linear_t *lin, int b, qinput_t qi, int r0, float *out) {
+static void tile_rows4(const linear_t *lin, int b, qinput_t qi, int r0, float *out) { /* int4 */
     /* locals, not fields of *lin: the assembly's memory clobber would reload those every group */
     const int in = lin->in, groups = in / GROUP, width = lin->out;
-    const uint8_t *levels = block_levels(lin, b, 0);
+    const uint8_t *levels = block_levels(lin, b, 0, 4);
     const uint16_t *scales = lin->scales + (size_t)b * groups * BLOCK, *zeros = lin->zeros + (size_t)b * groups * BLOCK;
     const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     float *dst = out + (size_t)r0 * width + b * BLOCK;
@@ -379,25 +409,28 @@ static void tile_rows4(const linear_t *lin, int b, qinput_t qi, int r0, float *o
 #else
 /* Portable version (no AVX2): the same operations, feature by feature. */
 static inline __attribute__((always_inline)) void tile(const linear_t *lin, int b0, int NB, qinput_t qi, int r0,
-                                                       int NR, float *out) {
+                                                       int NR, float *out, int BITS) {
     int in = lin->in, groups = in / GROUP;
     for (int c = 0; c < NB; c++)
         for (int f = 0; f < BLOCK && (b0 + c) * BLOCK + f < lin->out; f++)
             for (int r = r0; r < r0 + NR; r++) {
                 float acc = 0.f;
                 for (int g = 0; g < groups; g++) {
-                    const uint8_t *q = block_levels(lin, b0 + c, g);
+                    const uint8_t *q = block_levels(lin, b0 + c, g, BITS);
                     const int8_t *px = qi.q + (size_t)r * in + g * GROUP;
                     int isum = 0;
                     for (int j = 0; j < 4; j++)
                         for (int i = 0; i < 4; i++) {
                             uint8_t v = q[64 * j + 4 * f + i];
-                            isum += (v & 15) * px[4 * j + i] + (v >> 4) * px[16 + 4 * j + i];
+                            if (BITS == 4)
+                                isum += (v & 15) * px[4 * j + i] + (v >> 4) * px[16 + 4 * j + i];
+                            else
+                                isum += v * px[4 * j + i] + q[256 + 64 * j + 4 * f + i] * px[16 + 4 * j + i];
                         }
                     size_t at = ((size_t)(b0 + c) * groups + g) * BLOCK + f, rg = (size_t)r * groups + g;
                     float s = bf16_to_f32(lin->scales[at]);
                     acc = fmaf((float)isum, s * qi.dx[rg], acc);
-                    acc = fmaf(fmaf(-8.f, s, bf16_to_f32(lin->zeros[at])), qi.sums[rg], acc);
+                    acc = fmaf(fmaf(-ZERO_LEVEL(BITS), s, bf16_to_f32(lin->zeros[at])), qi.sums[rg], acc);
                 }
                 out[(size_t)r * lin->out + (b0 + c) * BLOCK + f] = acc;
             }
@@ -409,14 +442,26 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
  * once serve up to 8 rows and the accumulators stay in registers. */
 #define UNIT 4
 #define TILE_R 8
-static void unit_rows(const linear_t *lin, int b0, qinput_t qi, int r0, int nr, float *out) {
+static inline __attribute__((always_inline)) void unit_rows(const linear_t *lin, int b0, qinput_t qi, int r0, int nr,
+                                                            float *out, int BITS) {
 #ifdef TILE_AVX2
     /* 16 vector registers: `tile` holds at most 8 accumulators (2 per block and row); four rows
-     * of a whole block go through tile_rows4 */
+     * of a whole int4 block go through tile_rows4; int8's sums take twice the registers */
+    if (BITS == 8) {
+        if (nr == 1)
+            for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 1, out, 8);
+        else
+            for (int b = b0; b < b0 + UNIT; b++) {
+                int r = r0;
+                for (; r + 2 <= r0 + nr; r += 2) tile(lin, b, 1, qi, r, 2, out, 8);
+                if (r < r0 + nr) tile(lin, b, 1, qi, r, 1, out, 8);
+            }
+        return;
+    }
     switch (nr) {
-    case 1: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 1, out); break;
-    case 2: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 2, out); break;
-    case 3: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 3, out); break;
+    case 1: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 1, out, 4); break;
+    case 2: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 2, out, 4); break;
+    case 3: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 3, out, 4); break;
     default:
         for (int b = b0; b < b0 + UNIT; b++) {
             int whole = (b + 1) * BLOCK <= lin->out, r = r0;
@@ -424,26 +469,40 @@ static void unit_rows(const linear_t *lin, int b0, qinput_t qi, int r0, int nr, 
                 if (whole)
                     tile_rows4(lin, b, qi, r, out);
                 else
-                    tile(lin, b, 1, qi, r, 4, out);
+                    tile(lin, b, 1, qi, r, 4, out, 4);
             switch (r0 + nr - r) {
-            case 1: tile(lin, b, 1, qi, r, 1, out); break;
-            case 2: tile(lin, b, 1, qi, r, 2, out); break;
-            case 3: tile(lin, b, 1, qi, r, 3, out); break;
+            case 1: tile(lin, b, 1, qi, r, 1, out, 4); break;
+            case 2: tile(lin, b, 1, qi, r, 2, out, 4); break;
+            case 3: tile(lin, b, 1, qi, r, 3, out, 4); break;
             }
         }
     }
 #else
     switch (nr) {
-    case 1: tile(lin, b0, 4, qi, r0, 1, out); break;
-    case 2: tile(lin, b0, 4, qi, r0, 2, out); break;
-    case 3: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 3, out); break;
-    case 4: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 4, out); break;
-    case 5: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 5, out); break;
-    case 6: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 6, out); break;
-    case 7: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 7, out); break;
-    default: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 8, out);
+    case 1: tile(lin, b0, 4, qi, r0, 1, out, BITS); break;
+    case 2: tile(lin, b0, 4, qi, r0, 2, out, BITS); break;
+    case 3: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 3, out, BITS); break;
+    case 4: for (int b = b0; b < b0 + UNIT; b += 2) tile(lin, b, 2, qi, r0, 4, out, BITS); break;
+    case 5: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 5, out, BITS); break;
+    case 6: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 6, out, BITS); break;
+    case 7: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 7, out, BITS); break;
+    default: for (int b = b0; b < b0 + UNIT; b++) tile(lin, b, 1, qi, r0, 8, out, BITS);
     }
 #endif
+}
+
+/* Unit u of the blocks (UNIT blocks; the last ones, fewer, one at a time), every row. */
+static inline __attribute__((always_inline)) void unit_products(const linear_t *lin, int u, qinput_t qi, int rows,
+                                                                float *out, int BITS) {
+    int blocks = (lin->out + BLOCK - 1) / BLOCK;
+    for (int r0 = 0; r0 < rows; r0 += TILE_R) {
+        int nr = rows - r0 < TILE_R ? rows - r0 : TILE_R;
+        if (blocks - u * UNIT >= UNIT)
+            unit_rows(lin, u * UNIT, qi, r0, nr, out, BITS);
+        else
+            for (int b = u * UNIT; b < blocks; b++)
+                for (int r = r0; r < r0 + nr; r++) tile(lin, b, 1, qi, r, 1, out, BITS);
+    }
 }
 
 /* out (rows, lin->out) = x (rows, lin->in) W^T + bias, float32; scratch: rows * INPUT_SCRATCH(in). */
@@ -456,14 +515,10 @@ static void linear_f32(const linear_t *lin, const float *x, int rows, float *scr
         for (int i = 0; i < rows * groups; i++) quantize_group(x, i / groups, i % groups, lin->in, qi);
 #pragma omp for schedule(static)
         for (int u = 0; u < units; u++)
-            for (int r0 = 0; r0 < rows; r0 += TILE_R) {
-                int nr = rows - r0 < TILE_R ? rows - r0 : TILE_R;
-                if (blocks - u * UNIT >= UNIT)
-                    unit_rows(lin, u * UNIT, qi, r0, nr, out);
-                else /* the last blocks, one at a time */
-                    for (int b = u * UNIT; b < blocks; b++)
-                        for (int r = r0; r < r0 + nr; r++) tile(lin, b, 1, qi, r, 1, out);
-            }
+            if (lin->bits == 8)
+                unit_products(lin, u, qi, rows, out, 8);
+            else
+                unit_products(lin, u, qi, rows, out, 4);
     }
     if (lin->bias)
         for (int r = 0; r < rows; r++)
