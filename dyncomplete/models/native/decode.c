@@ -491,34 +491,36 @@ static inline __attribute__((always_inline)) void unit_rows(const linear_t *lin,
 #endif
 }
 
-/* Unit u of the blocks (UNIT blocks; the last ones, fewer, one at a time), every row. */
-static inline __attribute__((always_inline)) void unit_products(const linear_t *lin, int u, qinput_t qi, int rows,
-                                                                float *out, int BITS) {
-    int blocks = (lin->out + BLOCK - 1) / BLOCK;
-    for (int r0 = 0; r0 < rows; r0 += TILE_R) {
-        int nr = rows - r0 < TILE_R ? rows - r0 : TILE_R;
-        if (blocks - u * UNIT >= UNIT)
-            unit_rows(lin, u * UNIT, qi, r0, nr, out, BITS);
-        else
-            for (int b = u * UNIT; b < blocks; b++)
-                for (int r = r0; r < r0 + nr; r++) tile(lin, b, 1, qi, r, 1, out, BITS);
-    }
+/* Blocks b0..b1 - 1, every row: UNIT blocks at a time, the last ones (fewer) one at a time. */
+static inline __attribute__((always_inline)) void block_products(const linear_t *lin, int b0, int b1, qinput_t qi,
+                                                                 int rows, float *out, int BITS) {
+    for (int u = b0; u < b1; u += UNIT)
+        for (int r0 = 0; r0 < rows; r0 += TILE_R) {
+            int nr = rows - r0 < TILE_R ? rows - r0 : TILE_R;
+            if (b1 - u >= UNIT)
+                unit_rows(lin, u, qi, r0, nr, out, BITS);
+            else
+                for (int b = u; b < b1; b++)
+                    for (int r = r0; r < r0 + nr; r++) tile(lin, b, 1, qi, r, 1, out, BITS);
+        }
 }
 
 /* out (rows, lin->out) = x (rows, lin->in) W^T + bias, float32; scratch: rows * INPUT_SCRATCH(in). */
 static void linear_f32(const linear_t *lin, const float *x, int rows, float *scratch, float *out) {
-    int groups = lin->in / GROUP, blocks = (lin->out + BLOCK - 1) / BLOCK, units = (blocks + UNIT - 1) / UNIT;
+    int groups = lin->in / GROUP, blocks = (lin->out + BLOCK - 1) / BLOCK;
     qinput_t qi = input_layout(rows, lin->in, scratch);
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
         for (int i = 0; i < rows * groups; i++) quantize_group(x, i / groups, i % groups, lin->in, qi);
-#pragma omp for schedule(static)
-        for (int u = 0; u < units; u++)
-            if (lin->bits == 8)
-                unit_products(lin, u, qi, rows, out, 8);
-            else
-                unit_products(lin, u, qi, rows, out, 4);
+        /* each thread an equal share of the blocks (whole units left threads up to a unit apart:
+         * SmolLM2's 36-block products ran 5 units against 4) */
+        int t = omp_get_thread_num(), threads = omp_get_num_threads();
+        int b0 = (int)((long)blocks * t / threads), b1 = (int)((long)blocks * (t + 1) / threads);
+        if (lin->bits == 8)
+            block_products(lin, b0, b1, qi, rows, out, 8);
+        else
+            block_products(lin, b0, b1, qi, rows, out, 4);
     }
     if (lin->bias)
         for (int r = 0; r < rows; r++)
