@@ -1,9 +1,10 @@
 """Where dyncomplete keeps files: the cache (converted weights, datasets, collected hidden states,
-measurements of this machine filed under its CPU's name) and the shipped assets (trained exit
+measurements of this machine filed under its CPU's identity) and the shipped assets (trained exit
 heads, classifiers, agents)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -28,11 +29,26 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_identity() -> str:
+    """What code compiled for this CPU (`-march=native`) and figures measured on it depend on: its
+    model name, family, model and instruction-set flags. A name alone is not enough: virtual
+    machines of AMD Zen 3 (AVX2) and Zen 4 (AVX-512) both call theirs "AMD EPYC", and a home
+    directory may serve both."""
+    fields = {}
+    for line in _cpu_flags().splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("cpu family", "model", "flags"):
+            fields.setdefault(key, " ".join(sorted(value.split())) if key == "flags" else value.strip())
+    digest = hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:12]
+    return f"{cpu_name()} [{digest}]"
+
+
 def machine_measurement(file: str, key: str, measure: Callable[[], float]) -> float:
     """A figure of this machine (e.g. copy bandwidth) under `key` in cache_root()/file, the CPU's
-    name prefixed: measured on first use, read back afterwards."""
+    identity prefixed: measured on first use, read back afterwards."""
     path = cache_root() / file
-    key = f"{cpu_name()}|{key}"
+    key = f"{cpu_identity()}|{key}"
     known = json.loads(path.read_text()) if path.is_file() else {}
     if key not in known:
         known[key] = measure()

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, OPTConfig, Qwen2Config
 
+from dyncomplete.models.weights import BITS
 from dyncomplete.paths import cpu_has_bf16
 
 
@@ -181,6 +182,6 @@ def rows_may_depend_on_count(request, model) -> None:
     """An expected failure for identity tests of a bfloat16 model on PyTorch's products where the
     CPU has no bfloat16 instructions: there the GEMM's rows depend on the row count
     (models/invariant.py, and `load` warns). The test still runs and is reported."""
-    if model.dtype == torch.bfloat16 and model.quant != "int4" and not cpu_has_bf16():
+    if model.dtype == torch.bfloat16 and model.quant not in BITS and not cpu_has_bf16():
         request.applymarker(pytest.mark.xfail(strict=False, reason="no bfloat16 instructions on this CPU: "
                                               "PyTorch's bfloat16 products depend on the row count"))

@@ -1,9 +1,11 @@
 """The native decode kernels (models/native): the scalar build (no AVX2) and the AVX2 build (no
 AVX-512) compute the same products as the one for this CPU, bit for bit, each row independent of the
-rows beside it, and whole layers to rounding; a machine without a compiler gets a clear refusal
-instead of int4 weights; a thread other than the loading one runs the kernels as fast."""
+rows beside it, and whole layers to rounding; CPUs that share a name get their own library; a
+machine without a compiler gets a clear refusal instead of int4 weights; a thread other than the
+loading one runs the kernels as fast."""
 
 import ctypes
+import json
 import json.decoder
 import statistics
 import threading
@@ -12,6 +14,7 @@ import time
 import pytest
 import torch
 
+from dyncomplete import paths
 from dyncomplete.models import native
 from dyncomplete.models.native import bindings
 from dyncomplete.models.weights import Linear
@@ -78,6 +81,25 @@ def test_portable_builds_run_whole_layers_to_nearly_the_same_logits(portable, sm
     # spread of 7.3, the same top token at 43 of 45 positions (SmolLM2, the scalar build here)
     assert (anywhere - here).abs().mean() < 0.05 * here.std()
     assert (anywhere.argmax(-1) == here.argmax(-1)).float().mean() >= 0.9
+
+
+def test_cpus_that_share_a_name_get_their_own_kernels_and_measurements(tmp_path, monkeypatch):
+    """Virtual machines of AMD Zen 3 (AVX2) and Zen 4 (AVX-512) both report "AMD EPYC": a library
+    compiled with -march=native on one would stop the other with an illegal instruction, and a
+    figure measured on one is not the other's. Both are filed under `cpu_identity`."""
+    kinds = {"zen3": "cpu family\t: 25\nmodel\t\t: 1\nflags\t\t: fpu sse2 avx2 fma\n",
+             "zen4": "cpu family\t: 25\nmodel\t\t: 17\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni\n"}
+    monkeypatch.setenv("DYNCOMPLETE_CACHE", str(tmp_path))
+    monkeypatch.setattr(paths, "cpu_name", lambda: "AMD EPYC")
+    seen = {}
+    for kind in ("zen3", "zen4", "zen3"):
+        text = f"processor\t: 0\nmodel name\t: AMD EPYC\n{kinds[kind]}\nprocessor\t: 1\n{kinds['zen4']}"
+        monkeypatch.setattr(paths, "_cpu_flags", lambda: text)
+        seen.setdefault(kind, set()).add(paths.cpu_identity())
+        paths.machine_measurement("figure.json", "copy bandwidth", lambda: {"zen3": 1.0, "zen4": 2.0}[kind])
+    assert len(seen["zen3"]) == 1 and seen["zen3"] != seen["zen4"]
+    assert sorted(json.loads((tmp_path / "figure.json").read_text()).values()) == [1.0, 2.0]
+    assert native.cpu_identity is paths.cpu_identity  # the kernels' library is named after it too
 
 
 def test_without_a_compiler_int4_is_refused_with_the_fix(tmp_path, monkeypatch):

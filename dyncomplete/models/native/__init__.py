@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ...paths import cache_root, cpu_name
+from ...paths import cache_root, cpu_identity
 
 SOURCE = Path(__file__).with_name("decode.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
@@ -126,7 +126,7 @@ def compile_library(target: Path, flags: list[str] = FLAGS) -> ctypes.CDLL:
 @functools.cache
 def library() -> ctypes.CDLL:
     """The compiled kernels for this CPU, built into the cache on first use."""
-    digest = hashlib.sha256((source_digest() + cpu_name()).encode()).hexdigest()[:16]
+    digest = hashlib.sha256((source_digest() + cpu_identity()).encode()).hexdigest()[:16]
     return compile_library(cache_root() / "native" / f"decode-{digest}.so")
 
 
