@@ -20,8 +20,9 @@ def add_model_options(parser, default: str = DEFAULT_MODEL) -> None:
                         help="auto: bfloat16 where the CPU computes it natively, else float32")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"],
-                        help="weight-only quantization of every linear layer and the LM head (CPU; llama, "
-                             "qwen2); auto: int4 where the fast engine runs in bfloat16 on the CPU, else none")
+                        help="weight-only quantization of every linear layer and the LM head in groups of 32 "
+                             "(CPU; llama, qwen2; int8: closer to the published weights, slower); auto: int4 "
+                             "where the fast engine runs in bfloat16 on the CPU, else none")
 
 
 def load_from_args(args):
