@@ -19,14 +19,8 @@ def cache_root() -> Path:
 
 
 def cpu_name() -> str:
-    """The CPU's model name, the key of the measurements cached per machine."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's model name, the readable part of `cpu_identity`."""
+    return _cpu_fields().get("model name") or platform.processor() or platform.machine()
 
 
 def cpu_identity() -> str:
@@ -34,14 +28,9 @@ def cpu_identity() -> str:
     model name, family, model and instruction-set flags. A name alone is not enough: virtual
     machines of AMD Zen 3 (AVX2) and Zen 4 (AVX-512) both call theirs "AMD EPYC", and a home
     directory may serve both."""
-    fields = {}
-    for line in _cpu_flags().splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key in ("cpu family", "model", "flags"):
-            fields.setdefault(key, " ".join(sorted(value.split())) if key == "flags" else value.strip())
-    digest = hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:12]
-    return f"{cpu_name()} [{digest}]"
+    fields = _cpu_fields()
+    kind = (fields.get("cpu family"), fields.get("model"), sorted(fields.get("flags", "").split()))
+    return f"{cpu_name()} [{hashlib.sha256(repr(kind).encode()).hexdigest()[:12]}]"
 
 
 def machine_measurement(file: str, key: str, measure: Callable[[], float]) -> float:
@@ -57,19 +46,29 @@ def machine_measurement(file: str, key: str, measure: Callable[[], float]) -> fl
     return known[key]
 
 
-def _cpu_flags() -> str:
+def _cpuinfo() -> str:
     try:
         return Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
 
 
+def _cpu_fields() -> dict[str, str]:
+    """/proc/cpuinfo's fields of the first CPU listed."""
+    fields: dict[str, str] = {}
+    for line in _cpuinfo().splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 def cpu_has_bf16() -> bool:
     """Whether the CPU computes bfloat16 natively (AVX512-BF16 or AMX)."""
-    flags = _cpu_flags()
+    flags = _cpuinfo()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def cpu_has_amx() -> bool:
     """Whether the CPU has AMX tiles for bfloat16 (Intel Sapphire Rapids and later)."""
-    return "amx_bf16" in _cpu_flags()
+    return "amx_bf16" in _cpuinfo()

@@ -90,14 +90,14 @@ def test_cpus_that_share_a_name_get_their_own_kernels_and_measurements(tmp_path,
     kinds = {"zen3": "cpu family\t: 25\nmodel\t\t: 1\nflags\t\t: fpu sse2 avx2 fma\n",
              "zen4": "cpu family\t: 25\nmodel\t\t: 17\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni\n"}
     monkeypatch.setenv("DYNCOMPLETE_CACHE", str(tmp_path))
-    monkeypatch.setattr(paths, "cpu_name", lambda: "AMD EPYC")
     seen = {}
     for kind in ("zen3", "zen4", "zen3"):
         text = f"processor\t: 0\nmodel name\t: AMD EPYC\n{kinds[kind]}\nprocessor\t: 1\n{kinds['zen4']}"
-        monkeypatch.setattr(paths, "_cpu_flags", lambda: text)
+        monkeypatch.setattr(paths, "_cpuinfo", lambda: text)
         seen.setdefault(kind, set()).add(paths.cpu_identity())
         paths.machine_measurement("figure.json", "copy bandwidth", lambda: {"zen3": 1.0, "zen4": 2.0}[kind])
     assert len(seen["zen3"]) == 1 and seen["zen3"] != seen["zen4"]
+    assert all(identity.startswith("AMD EPYC [") for ids in seen.values() for identity in ids)
     assert sorted(json.loads((tmp_path / "figure.json").read_text()).values()) == [1.0, 2.0]
     assert native.cpu_identity is paths.cpu_identity  # the kernels' library is named after it too
 
