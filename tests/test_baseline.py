@@ -4,9 +4,8 @@ import pytest
 import torch
 from helpers import stdlib_prompts
 
-from dyncomplete.engine import GenerationParams
+from dyncomplete.engine import Emitter, GenerationParams, Stats, eos_ids_of
 from dyncomplete.methods.baseline import Baseline
-from dyncomplete.engine import eos_ids_of
 
 
 def hf_greedy(model, ids, n):
@@ -40,6 +39,23 @@ def test_greedy_identical_to_generate_on_stdlib_prompts(fixture, request):
         # identity is a float32 promise (docs/metrics.md). In bfloat16 the kernels' order of sums is the
         # CPU's: 20 of 20 identical on the AMD EPYC, 16 of 20 on a Xeon with AMX (a quarter allowed)
         assert len(differ) <= 2, differ
+
+
+@pytest.mark.model
+def test_a_completion_ends_at_every_end_of_generation_token_of_the_vocabulary(qwen05, smollm):
+    """As llama.cpp's list: Qwen's instruct build names only <|im_end|>, but ends a middle with
+    <|endoftext|> and starts other files after its separators."""
+    def names(model):
+        return set(model.tokenizer.convert_ids_to_tokens(sorted(eos_ids_of(model))))
+
+    assert names(qwen05) == {"<|im_end|>", "<|endoftext|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
+    assert names(smollm) == {"<|endoftext|>", "<|im_end|>"}
+    tok = qwen05.tokenizer
+    emitter = Emitter(tok, GenerationParams(max_new_tokens=16), eos_ids_of(qwen05), Stats())
+    for token in tok("x = 1", add_special_tokens=False).input_ids + tok.convert_tokens_to_ids(["<|endoftext|>", "y"]):
+        if emitter.emit(token, qwen05.num_layers):
+            break
+    assert emitter.text == "x = 1" and emitter.stats.stopped_by == "eos"
 
 
 @pytest.mark.model
