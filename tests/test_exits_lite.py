@@ -1,5 +1,6 @@
-"""LITE: the loss weights follow GREEN-CODE's recipe, a short LoRA run lowers the loss, and the
-saved adapter loads as `ALIAS-lite`, merged into the base weights."""
+"""LITE: the loss weights follow GREEN-CODE's recipe, a short LoRA run lowers the loss, the
+saved adapter loads as `ALIAS-lite`, merged into the base weights; FIM examples are the engine's
+own prompts with the middle and its end after them."""
 
 import json
 
@@ -9,7 +10,9 @@ import torch
 from dyncomplete.models import ModelError, load
 from dyncomplete.models import tuned
 from dyncomplete.training.collect import code_chunks
-from dyncomplete.training.lite import lite_weights, train_lite
+from dyncomplete.engine.prompts import fim_tokens
+from dyncomplete.training.fim import END_OF_MIDDLE, KINDS, fim_examples
+from dyncomplete.training.lite import lite_loss, lite_weights, train_lite
 
 
 def test_weights_follow_the_recipe():
@@ -28,14 +31,14 @@ def test_only_a_registered_base_makes_a_tuned_name():
 def test_short_lora_run_lowers_the_loss_and_loads_merged_as_the_lite_model(tmp_path, monkeypatch):
     model = load("smollm2-135m", dtype="float32", progress=lambda m: None)  # own copy: LoRA edits it
     torch.manual_seed(0)
-    chunks = code_chunks(model.tokenizer, "train", 10, chunk=32)[:1]
+    chunks = [(ids, 1) for ids in code_chunks(model.tokenizer, "train", 10, chunk=32)[:1]]
     peft_model, losses = train_lite(model, [26], chunks, steps=4, lr=3e-3, progress=False)
     assert losses[-1] < losses[0]
     assert any("lora" in n for n, p in peft_model.named_parameters() if p.requires_grad)
 
     monkeypatch.setattr(tuned, "ASSETS", tmp_path)
     tuned.save_adapter(peft_model, tuned.adapter_dir("smollm2-135m-lite"), {"base_sha256": model.source_sha256})
-    ids = torch.tensor([chunks[0]])
+    ids = torch.tensor([chunks[0][0]])
     with torch.no_grad():
         want = peft_model(ids).logits  # the adapter applied beside the base weights
         lite = load("smollm2-135m-lite", dtype="float32", progress=lambda m: None)
@@ -60,3 +63,55 @@ def test_the_shipped_lite_model_loads_with_its_own_exit_heads_and_refuses_the_ba
     assert heads.kind == "translator" and heads.metadata["calib_agreement"]["translator"]["20"] > 0.6
     with pytest.raises(ValueError, match="other weights"):
         load_heads(lite, default_path(smollm))  # the base model's heads
+
+
+@pytest.mark.model
+def test_the_loss_is_taken_from_the_first_target_on(smollm):
+    ids = torch.tensor([code_chunks(smollm.tokenizer, "train", 1, chunk=24)[0]])
+    with torch.no_grad():
+        logits = smollm.hf(ids).logits[0].float()
+        got = lite_loss(smollm, ids, {smollm.num_layers: 1.0}, start=17)
+    want = torch.nn.functional.cross_entropy(logits[16:-1], ids[0, 17:])
+    assert got == pytest.approx(want.item(), rel=1e-4)
+    assert got != pytest.approx(torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:]).item(), rel=1e-3)
+
+
+@pytest.mark.model
+def test_fim_examples_are_the_engines_prompts_then_the_middle_and_its_end(qwen05):
+    tok = qwen05.tokenizer
+    examples = fim_examples(tok, "train", 3 * len(KINDS), budget=256)
+    end = tok.convert_tokens_to_ids(END_OF_MIDDLE)
+    prefix_token, suffix_token, middle_token = fim_tokens(tok)
+    for i, (ids, first) in enumerate(examples):
+        kind = KINDS[i % len(KINDS)]
+        prompt, target = ids[:first], ids[first:]
+        assert len(prompt) <= 256 and 0 < len(target)
+        if kind == "prefix-only":  # a line completion: no FIM tokens, no end, one line
+            assert prefix_token not in prompt and end not in target
+            assert tok.decode(target).count("\n") == 1 and tok.decode(target).endswith("\n")
+        else:
+            assert prompt[0] == prefix_token and suffix_token in prompt and middle_token in prompt
+            assert target[-1] == end and end not in target[:-1]
+    lines = [tok.decode(ids[first:-1]) for ids, first in examples[KINDS.index("lines") :: len(KINDS)]]
+    assert all(text.endswith("\n") for text in lines)  # whole lines
+
+
+@pytest.mark.model
+def test_fim_examples_need_fim_tokens(smollm):
+    with pytest.raises(ValueError, match="fill-in-the-middle tokens"):
+        fim_examples(smollm.tokenizer, "train", 3)
+
+
+@pytest.mark.model
+def test_the_shipped_qwen_lite_fills_the_middle_and_stops_there(qwen05):
+    """The issue's own case: the instruct build writes `return 2 * math.pi * r` and a new function;
+    the FIM-tuned build writes the missing assignment and ends."""
+    from dyncomplete.engine import GenerationParams, build_prompt
+    from dyncomplete.methods.baseline import Baseline
+
+    lite = load("qwen2.5-coder-0.5b-lite", quant="int4", progress=lambda m: None)
+    assert json.loads((tuned.adapter_dir(lite.name) / tuned.RECORD).read_text())["fim"] is True
+    prompt = build_prompt(lite.tokenizer, "import math\n\ndef circle(r):\n", "    return circumference\n")
+    out = Baseline().generate(lite, prompt.ids, GenerationParams(max_new_tokens=48))
+    assert out.stats.stopped_by == "eos"
+    assert out.text.strip().startswith("circumference =") and "return" not in out.text

@@ -1,5 +1,6 @@
 """`dyncomplete train-lite`: LITE fine-tuning (LoRA, weighted loss over exit layers) on the train
-split; writes the adapter where `--model ALIAS-lite` loads it from (the package's assets)."""
+split, on plain chunks of code or (`--fim`) on fill-in-the-middle examples; writes the adapter
+where `--model ALIAS-lite` loads it from (the package's assets)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ._common import add_model_options
 def run(args) -> int:
     from ..models import load
     from ..models.tuned import adapter_dir, save_adapter
+    from ..training.fim import fim_examples
     from ..training.lite import lite_weights, split_chunks, train_lite
     from .train_exits import parse_layers
 
@@ -21,15 +23,22 @@ def run(args) -> int:
     model = load(args.model, dtype=args.dtype, device=args.device, quant="none",
                  progress=lambda m: print(m, file=sys.stderr))
     layers = parse_layers(args.layers, model.num_layers)
-    chunks = split_chunks(model.tokenizer, "train", args.chunk)
+    try:
+        examples = (fim_examples(model.tokenizer, "train", args.steps, budget=args.chunk) if args.fim
+                    else split_chunks(model.tokenizer, "train", args.chunk))
+    except ValueError as e:
+        print(f"dyncomplete: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else adapter_dir(f"{args.model}-lite")
     start = time.monotonic()
-    peft_model, losses = train_lite(model, layers, chunks, args.steps, lr=args.lr, rank=args.rank,
+    peft_model, losses = train_lite(model, layers, examples, args.steps, lr=args.lr, rank=args.rank,
                                     max_seconds=60 * args.max_minutes if args.max_minutes else None)
     record = {"base": args.model, "base_sha256": model.source_sha256, "layers": layers,
               "weights": lite_weights(layers, model.num_layers), "rank": args.rank, "lr": args.lr,
-              "chunk": args.chunk, "steps": len(losses), "tokens": len(losses) * args.chunk,
-              "chunks_available": len(chunks), "seconds": round(time.monotonic() - start),
+              "chunk": args.chunk, "fim": args.fim, "steps": len(losses),
+              "tokens": sum(len(ids) for ids, _ in examples[: len(losses)]),
+              "target_tokens": sum(len(ids) - first for ids, first in examples[: len(losses)]),
+              "examples_available": len(examples), "seconds": round(time.monotonic() - start),
               "first_loss": sum(losses[:20]) / len(losses[:20]), "last_loss": sum(losses[-20:]) / len(losses[-20:])}
     save_adapter(peft_model, out, record)
     print(json.dumps({"out": str(out), **record}))
@@ -42,7 +51,10 @@ def register(sub) -> None:
     p.set_defaults(dtype="float32")
     p.add_argument("--layers", default="16,18,20,22,24,26,28",
                    help="exit layers trained to be read by the final head: 12,16,20 or every:N")
-    p.add_argument("--chunk", type=int, default=256, help="tokens per step")
+    p.add_argument("--chunk", type=int, default=256, help="tokens per step (with --fim: the prompt's budget)")
+    p.add_argument("--fim", action="store_true",
+                   help="train on fill-in-the-middle examples (whole lines, random spans, line completions), "
+                        "the loss on the middle and its end token: a FIM model that stops after the middle")
     p.add_argument("--steps", type=int, default=1200, help="steps (the learning rate decays over them)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop and save after this long")
     p.add_argument("--lr", type=float, default=5e-4)

@@ -32,36 +32,38 @@ def lite_weights(layers, num_layers: int, r: float = 0.9) -> dict[int, float]:
     return {e: w / scale for e, w in weights.items()}
 
 
-def lite_loss(model, ids: torch.Tensor, weights: dict[int, float]) -> torch.Tensor:
-    """Weighted next-token loss of every weighted layer on one (1, n) chunk."""
+def lite_loss(model, ids: torch.Tensor, weights: dict[int, float], start: int = 1) -> torch.Tensor:
+    """Weighted next-token loss of every weighted layer on one (1, n) chunk, over the tokens from
+    `start` on (a FIM example's middle; the whole chunk after its first token by default)."""
     ctx = model.context(torch.arange(ids.shape[1], device=ids.device))
     h = model.embed(ids, ctx)
-    target = ids[0, 1:]
+    target = ids[0, start:]
     loss = h.new_zeros((), dtype=torch.float32)
     for i in range(model.num_layers):
         h = model.run_layer(i, h, ctx, None)
         if i + 1 in weights:
-            logits = model.head(model.final_norm(h[0, :-1])).float()
+            logits = model.head(model.final_norm(h[0, start - 1 : -1])).float()
             loss = loss + weights[i + 1] * torch.nn.functional.cross_entropy(logits, target)
     return loss
 
 
-def split_chunks(tokenizer, split: str, chunk: int, seed: int = 0) -> list[list[int]]:
-    """Every whole `chunk`-token piece of every file of the split, shuffled: fine-tuning reads far
-    more text than the one chunk a file that the exit heads are fitted on."""
+def split_chunks(tokenizer, split: str, chunk: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """Every whole `chunk`-token piece of every file of the split, shuffled, each trained on from
+    its second token: fine-tuning reads far more text than the one chunk a file that the exit heads
+    are fitted on."""
     chunks = []
     for path in source_files(split=split):
         ids = tokenizer(path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False).input_ids
-        chunks.extend(ids[i : i + chunk] for i in range(0, len(ids) - chunk + 1, chunk))
+        chunks.extend((ids[i : i + chunk], 1) for i in range(0, len(ids) - chunk + 1, chunk))
     random.Random(seed).shuffle(chunks)
     return chunks
 
 
-def train_lite(model, layers, chunks, steps: int, lr: float = 2e-4, rank: int = 8, progress: bool = True,
+def train_lite(model, layers, examples, steps: int, lr: float = 2e-4, rank: int = 8, progress: bool = True,
                max_seconds: float | None = None):
-    """Wrap the model's decoder in LoRA adapters (in place) and train them (AdamW, cosine decay
-    of the learning rate over `steps`); stops early once `max_seconds` have passed. Returns the
-    peft model and the loss of every step taken."""
+    """Wrap the model's decoder in LoRA adapters (in place) and train them on `examples` ((ids,
+    first target index) pairs, one a step; AdamW, cosine decay of the learning rate over `steps`);
+    stops early once `max_seconds` have passed. Returns the peft model and the loss of every step."""
     from peft import LoraConfig, get_peft_model
 
     peft_model = get_peft_model(model.hf, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS))
@@ -70,18 +72,19 @@ def train_lite(model, layers, chunks, steps: int, lr: float = 2e-4, rank: int = 
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     weights = lite_weights(layers, model.num_layers)
     losses = []
-    start = time.monotonic()
+    began = time.monotonic()
     peft_model.train()
     bar = tqdm(range(steps), desc="lite", disable=not progress)
     for step in bar:
-        loss = lite_loss(model, torch.tensor([chunks[step % len(chunks)]], device=model.device), weights)
+        ids, first = examples[step % len(examples)]
+        loss = lite_loss(model, torch.tensor([ids], device=model.device), weights, first)
         opt.zero_grad()
         loss.backward()
         opt.step()
         schedule.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
-        if max_seconds is not None and time.monotonic() - start > max_seconds:
+        if max_seconds is not None and time.monotonic() - began > max_seconds:
             break
     peft_model.eval()
     return peft_model, losses
