@@ -225,7 +225,8 @@ def test_qwen_fills_the_middle_for_every_client(qwen_server):
     assert MIDDLE in cursor + text and "return" not in text
     assert lines[-1]["dyncomplete"]["stopped_by"] == "suffix_repeat"
     loose = post(qwen_server, "/infill", body("llama_vim_infill.json", editor_guards=False, response_fields=[])).json()
-    assert loose["dyncomplete"]["stopped_by"] in ("indent", "time_limit", "max_tokens")  # llama.cpp's rules only
+    # llama.cpp's rules only: its end-of-generation tokens, its indentation rule and time cap
+    assert loose["dyncomplete"]["stopped_by"] in ("eos", "indent", "time_limit", "max_tokens")
     api = openai.OpenAI(base_url=f"{qwen_server}/v1", api_key=SERVE_KEY, timeout=300, max_retries=0)
     # the cursor after `circumference = `: the middle is the formula (at the line start, whether
     # the model assigns or returns is a near tie that the weight format decides)
