@@ -75,6 +75,8 @@ BENCH_COLUMNS = {
     "rouge_l": Column("ROUGE-L", "rouge_l", _fixed(3)),
     "pass_at_1": Column("pass@1", "pass_at_1", _fixed(1)),
     "weights": Column("weights", lambda r: r["run"].get("quant") or "none", align="---"),
+    "guards": Column("editor guards", lambda r: r["run"].get("editor_guards", "off"), align="---"),
+    "new_tokens": Column("new tokens per completion", lambda r: r["new_tokens"] / r["n"], _fixed(1)),
     "tok_s": Column("decode tok/s", "tokens_per_s", _fixed(1)),
     "ms_token": Column("decode ms/token", "decode_ms_per_token", _fixed(1)),
     "compute": Column("compute per token", "compute_per_token", _fixed(2)),
