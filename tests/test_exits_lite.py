@@ -88,7 +88,7 @@ def test_fim_examples_are_the_engines_prompts_then_the_middle_and_its_end(qwen05
         assert len(prompt) <= 256 and 0 < len(target)
         if kind == "prefix-only":  # a line completion: no FIM tokens, no end, one line
             assert prefix_token not in prompt and end not in target
-            assert tok.decode(target).count("\n") == 1 and tok.decode(target).endswith("\n")
+            assert "\n" not in tok.decode(target).removesuffix("\n")  # a file's last line may have no newline
         else:
             assert prompt[0] == prefix_token and suffix_token in prompt and middle_token in prompt
             assert target[-1] == end and end not in target[:-1]
