@@ -29,7 +29,7 @@ def cpu_identity() -> str:
     machines of AMD Zen 3 (AVX2) and Zen 4 (AVX-512) both call theirs "AMD EPYC", and a home
     directory may serve both."""
     fields = _cpu_fields()
-    kind = (fields.get("cpu family"), fields.get("model"), sorted(fields.get("flags", "").split()))
+    kind = (fields.get("cpu family"), fields.get("model"), sorted(_cpu_flags()))
     return f"{cpu_name()} [{hashlib.sha256(repr(kind).encode()).hexdigest()[:12]}]"
 
 
@@ -63,12 +63,16 @@ def _cpu_fields() -> dict[str, str]:
     return fields
 
 
+def _cpu_flags() -> set[str]:
+    """The instruction-set flags of the first CPU listed."""
+    return set(_cpu_fields().get("flags", "").split())
+
+
 def cpu_has_bf16() -> bool:
     """Whether the CPU computes bfloat16 natively (AVX512-BF16 or AMX)."""
-    flags = _cpuinfo()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
 
 
 def cpu_has_amx() -> bool:
     """Whether the CPU has AMX tiles for bfloat16 (Intel Sapphire Rapids and later)."""
-    return "amx_bf16" in _cpuinfo()
+    return "amx_bf16" in _cpu_flags()

@@ -33,11 +33,12 @@ def run(args) -> int:
     start = time.monotonic()
     peft_model, losses = train_lite(model, layers, examples, args.steps, lr=args.lr, rank=args.rank,
                                     max_seconds=60 * args.max_minutes if args.max_minutes else None)
+    read = [examples[step % len(examples)] for step in range(len(losses))]  # train_lite cycles through them
     record = {"base": args.model, "base_sha256": model.source_sha256, "layers": layers,
               "weights": lite_weights(layers, model.num_layers), "rank": args.rank, "lr": args.lr,
               "chunk": args.chunk, "fim": args.fim, "steps": len(losses),
-              "tokens": sum(len(ids) for ids, _ in examples[: len(losses)]),
-              "target_tokens": sum(len(ids) - first for ids, first in examples[: len(losses)]),
+              "tokens": sum(len(ids) for ids, _ in read),
+              "target_tokens": sum(len(ids) - first for ids, first in read),
               "examples_available": len(examples), "seconds": round(time.monotonic() - start),
               "first_loss": sum(losses[:20]) / len(losses[:20]), "last_loss": sum(losses[-20:]) / len(losses[-20:])}
     save_adapter(peft_model, out, record)
