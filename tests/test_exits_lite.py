@@ -55,6 +55,35 @@ def test_short_lora_run_lowers_the_loss_and_loads_merged_as_the_lite_model(tmp_p
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_adapter_merges_to_peft_s_own_bits_without_peft(dtype, monkeypatch):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from dyncomplete.models.loading import cached_dir
+
+    folder = tuned.adapter_dir("smollm2-135m-lite")
+    base = lambda: AutoModelForCausalLM.from_pretrained(cached_dir("smollm2-135m"), dtype=dtype)
+    want = PeftModel.from_pretrained(base(), str(folder)).merge_and_unload().state_dict()
+    monkeypatch.setitem(__import__("sys").modules, "peft", None)  # any import of peft fails from here
+    got, before = base(), base().state_dict()
+    tuned.merge_lora(got, load_file(str(folder / "adapter_model.safetensors")),
+                     json.loads((folder / "adapter_config.json").read_text()))
+    assert want.keys() == got.state_dict().keys()
+    for name, weight in got.state_dict().items():
+        assert torch.equal(weight, want[name]), name
+    changed = [name for name, weight in got.state_dict().items() if not torch.equal(weight, before[name])]
+    assert len(changed) == 7 * 30  # every targeted linear layer of every block
+
+
+def test_an_adapter_other_than_plain_lora_is_refused():
+    config = {"peft_type": "LORA", "r": 16, "lora_alpha": 32, "use_dora": True}
+    with pytest.raises(ModelError, match="not a plain LoRA adapter \\(use_dora\\)"):
+        tuned.merge_lora(torch.nn.Linear(2, 2), {}, config)
+
+
+@pytest.mark.model
 def test_the_shipped_lite_model_loads_with_its_own_exit_heads_and_refuses_the_bases(smollm):
     from dyncomplete.exits.heads import default_path, load_heads
 

@@ -51,19 +51,40 @@ def save_adapter(peft_model, out: Path, record: dict) -> None:
 
 def merge_adapter(hf_model, name: str, base_sha256: str | None):
     """(the base model with the adapter merged in, the tuned model's own digest: of the base
-    weights' pinned hash and the adapter's files), refusing an adapter trained on other weights."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        raise ModelError(f"{name!r} needs peft to merge its adapter: pip install 'dyncomplete[train]'") from None
+    weights' pinned hash and the adapter's files), refusing an adapter trained on other weights.
+    Needs no peft: serving a tuned model is `merge_lora`'s few products."""
     folder = adapter_dir(name)
     if not has_adapter(name):
         raise ModelError(f"no adapter for {name!r} in {folder}: run `dyncomplete train-lite --model {tuned_base(name)}`")
     record = json.loads((folder / RECORD).read_text())
     if base_sha256 and record.get("base_sha256") not in (None, base_sha256):
         raise ModelError(f"the adapter in {folder} was trained on other weights than {tuned_base(name)!r}")
-    merged = PeftModel.from_pretrained(hf_model, str(folder)).merge_and_unload()
-    return merged, tuned_digest(name, base_sha256)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    merge_lora(hf_model, load_file(str(folder / "adapter_model.safetensors")), config)
+    return hf_model, tuned_digest(name, base_sha256)
+
+
+LORA_PREFIX = "base_model.model."  # peft's names of the wrapped model's modules
+
+
+def merge_lora(hf_model, tensors: dict[str, torch.Tensor], config: dict) -> None:
+    """Add each LoRA pair's product B @ A x alpha / r to its linear layer's weight, in place, as
+    peft's `merge_and_unload` does it (the product in float32, added into the weight's dtype): the
+    same bits. Plain LoRA only, the kind `train-lite` saves."""
+    unsupported = [k for k in ("use_dora", "use_rslora", "fan_in_fan_out", "rank_pattern", "alpha_pattern")
+                   if config.get(k)]
+    unsupported += [k for k in tensors if not k.endswith((".lora_A.weight", ".lora_B.weight"))]
+    if config.get("peft_type") != "LORA" or unsupported or config.get("bias", "none") != "none":
+        raise ModelError(f"the adapter is not a plain LoRA adapter ({', '.join(unsupported) or config.get('peft_type')})")
+    scaling = config["lora_alpha"] / config["r"]
+    modules = dict(hf_model.named_modules())
+    for key in sorted(k for k in tensors if k.endswith(".lora_A.weight")):
+        module = key.removeprefix(LORA_PREFIX).removesuffix(".lora_A.weight")
+        if module not in modules:
+            raise ModelError(f"the adapter names a module the model lacks: {module}")
+        a, b = tensors[key].float(), tensors[key.replace(".lora_A.", ".lora_B.")].float()
+        with torch.no_grad():
+            modules[module].weight += (b @ a) * scaling
 
 
 def tuned_digest(name: str, base_sha256: str | None) -> str:
