@@ -55,6 +55,21 @@ def test_short_lora_run_lowers_the_loss_and_loads_merged_as_the_lite_model(tmp_p
 
 
 @pytest.mark.model
+def test_training_goes_on_from_a_saved_adapter(tmp_path):
+    model = load("smollm2-135m", dtype="float32", progress=lambda m: None)  # own copy: LoRA edits it
+    torch.manual_seed(0)
+    chunks = [(ids, 1) for ids in code_chunks(model.tokenizer, "train", 10, chunk=32)[:1]]
+    peft_model, losses = train_lite(model, [26], chunks, steps=4, lr=3e-3, progress=False)
+    tuned.save_adapter(peft_model, tmp_path, {"rank": 16})
+    again = load("smollm2-135m", dtype="float32", progress=lambda m: None)
+    _, fresh = train_lite(again, [26], chunks, steps=1, lr=0.0, progress=False)
+    again = load("smollm2-135m", dtype="float32", progress=lambda m: None)
+    _, going_on = train_lite(again, [26], chunks, steps=1, lr=0.0, progress=False, init=tmp_path)
+    assert fresh[0] == pytest.approx(losses[0], rel=1e-5)  # a new adapter starts as the base model
+    assert going_on[0] < losses[-1] < fresh[0]  # from where the saved one ended (one more step taken)
+
+
+@pytest.mark.model
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_adapter_merges_to_peft_s_own_bits_without_peft(dtype, monkeypatch):
     from peft import PeftModel

@@ -14,7 +14,7 @@ from ._common import add_model_options
 
 def run(args) -> int:
     from ..models import load
-    from ..models.tuned import adapter_dir, save_adapter
+    from ..models.tuned import RECORD, adapter_dir, save_adapter
     from ..training.fim import fim_examples
     from ..training.lite import lite_weights, split_chunks, train_lite
     from .train_exits import parse_layers
@@ -24,23 +24,27 @@ def run(args) -> int:
                  progress=lambda m: print(m, file=sys.stderr))
     layers = parse_layers(args.layers, model.num_layers)
     try:
-        examples = (fim_examples(model.tokenizer, "train", args.steps, budget=args.chunk) if args.fim
-                    else split_chunks(model.tokenizer, "train", args.chunk))
+        examples = (fim_examples(model.tokenizer, "train", args.steps, budget=args.chunk, seed=args.seed) if args.fim
+                    else split_chunks(model.tokenizer, "train", args.chunk, seed=args.seed))
     except ValueError as e:
         print(f"dyncomplete: {e}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else adapter_dir(f"{args.model}-lite")
+    earlier = json.loads((Path(args.init) / RECORD).read_text()) if args.init else None
     start = time.monotonic()
     peft_model, losses = train_lite(model, layers, examples, args.steps, lr=args.lr, rank=args.rank,
-                                    max_seconds=60 * args.max_minutes if args.max_minutes else None)
+                                    max_seconds=60 * args.max_minutes if args.max_minutes else None,
+                                    init=args.init)
     read = [examples[step % len(examples)] for step in range(len(losses))]  # train_lite cycles through them
     record = {"base": args.model, "base_sha256": model.source_sha256, "layers": layers,
-              "weights": lite_weights(layers, model.num_layers), "rank": args.rank, "lr": args.lr,
-              "chunk": args.chunk, "fim": args.fim, "steps": len(losses),
+              "weights": lite_weights(layers, model.num_layers), "rank": earlier["rank"] if earlier else args.rank, "lr": args.lr,
+              "chunk": args.chunk, "fim": args.fim, "seed": args.seed, "steps": len(losses),
               "tokens": sum(len(ids) for ids, _ in read),
               "target_tokens": sum(len(ids) - first for ids, first in read),
               "examples_available": len(examples), "seconds": round(time.monotonic() - start),
               "first_loss": sum(losses[:20]) / len(losses[:20]), "last_loss": sum(losses[-20:]) / len(losses[-20:])}
+    if earlier:
+        record["continues"] = earlier  # the run this one went on from, with its own record
     save_adapter(peft_model, out, record)
     print(json.dumps({"out": str(out), **record}))
     return 0
@@ -60,6 +64,9 @@ def register(sub) -> None:
     p.add_argument("--max-minutes", type=float, default=None, help="stop and save after this long")
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--rank", type=int, default=16, help="LoRA rank")
+    p.add_argument("--seed", type=int, default=0, help="which examples are cut and in what order")
+    p.add_argument("--init", default=None, metavar="DIR",
+                   help="an adapter folder (with its lite.json) to go on training, on examples of another --seed")
     p.add_argument("--out", default=None, help="adapter directory (default: the assets of MODEL-lite, "
                                                  "which `--model MODEL-lite` loads)")
     p.set_defaults(run=run)

@@ -60,13 +60,17 @@ def split_chunks(tokenizer, split: str, chunk: int, seed: int = 0) -> list[tuple
 
 
 def train_lite(model, layers, examples, steps: int, lr: float = 2e-4, rank: int = 8, progress: bool = True,
-               max_seconds: float | None = None):
-    """Wrap the model's decoder in LoRA adapters (in place) and train them on `examples` ((ids,
-    first target index) pairs, one a step; AdamW, cosine decay of the learning rate over `steps`);
-    stops early once `max_seconds` have passed. Returns the peft model and the loss of every step."""
-    from peft import LoraConfig, get_peft_model
+               max_seconds: float | None = None, init=None):
+    """Wrap the model's decoder in LoRA adapters (in place; `init`: the adapter folder to go on
+    training) and train them on `examples` ((ids, first target index) pairs, one a step; AdamW,
+    cosine decay of the learning rate over `steps`); stops early once `max_seconds` have passed.
+    Returns the peft model and the loss of every step."""
+    from peft import LoraConfig, PeftModel, get_peft_model
 
-    peft_model = get_peft_model(model.hf, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS))
+    if init is None:
+        peft_model = get_peft_model(model.hf, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS))
+    else:
+        peft_model = PeftModel.from_pretrained(model.hf, str(init), is_trainable=True)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
