@@ -96,6 +96,10 @@ def test_an_adapter_other_than_plain_lora_is_refused():
     config = {"peft_type": "LORA", "r": 16, "lora_alpha": 32, "use_dora": True}
     with pytest.raises(ModelError, match="not a plain LoRA adapter \\(use_dora\\)"):
         tuned.merge_lora(torch.nn.Linear(2, 2), {}, config)
+    plain = {"peft_type": "LORA", "r": 16, "lora_alpha": 32}
+    with pytest.raises(ModelError, match="no lora_B for model.layers.0.mlp.up_proj"):
+        tuned.merge_lora(torch.nn.Module(), {"base_model.model.model.layers.0.mlp.up_proj.lora_A.weight": torch.zeros(1)},
+                         plain)
 
 
 @pytest.mark.model

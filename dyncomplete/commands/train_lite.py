@@ -66,7 +66,8 @@ def register(sub) -> None:
     p.add_argument("--rank", type=int, default=16, help="LoRA rank")
     p.add_argument("--seed", type=int, default=0, help="which examples are cut and in what order")
     p.add_argument("--init", default=None, metavar="DIR",
-                   help="an adapter folder (with its lite.json) to go on training, on examples of another --seed")
+                   help="an adapter folder (with its lite.json) to go on training, on examples of another "
+                        "--seed (its rank is kept)")
     p.add_argument("--out", default=None, help="adapter directory (default: the assets of MODEL-lite, "
                                                  "which `--model MODEL-lite` loads)")
     p.set_defaults(run=run)

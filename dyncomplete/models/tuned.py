@@ -79,10 +79,12 @@ def merge_lora(hf_model, tensors: dict[str, torch.Tensor], config: dict) -> None
     scaling = config["lora_alpha"] / config["r"]
     modules = dict(hf_model.named_modules())
     for key in sorted(k for k in tensors if k.endswith(".lora_A.weight")):
-        module = key.removeprefix(LORA_PREFIX).removesuffix(".lora_A.weight")
+        module, pair = key.removeprefix(LORA_PREFIX).removesuffix(".lora_A.weight"), key.replace(".lora_A.", ".lora_B.")
+        if pair not in tensors:
+            raise ModelError(f"the adapter has no lora_B for {module}")
         if module not in modules:
             raise ModelError(f"the adapter names a module the model lacks: {module}")
-        a, b = tensors[key].float(), tensors[key.replace(".lora_A.", ".lora_B.")].float()
+        a, b = tensors[key].float(), tensors[pair].float()
         with torch.no_grad():
             modules[module].weight += (b @ a) * scaling
 
