@@ -82,7 +82,8 @@ def test_the_adapter_merges_to_peft_s_own_bits_without_peft(dtype, monkeypatch):
     base = lambda: AutoModelForCausalLM.from_pretrained(cached_dir("smollm2-135m"), dtype=dtype)
     want = PeftModel.from_pretrained(base(), str(folder)).merge_and_unload().state_dict()
     monkeypatch.setitem(__import__("sys").modules, "peft", None)  # any import of peft fails from here
-    got, before = base(), base().state_dict()
+    got = base()
+    before = {name: weight.clone() for name, weight in got.state_dict().items()}
     tuned.merge_lora(got, load_file(str(folder / "adapter_model.safetensors")),
                      json.loads((folder / "adapter_config.json").read_text()))
     assert want.keys() == got.state_dict().keys()
