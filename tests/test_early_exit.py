@@ -30,7 +30,8 @@ class Never:
         return False
 
 
-@pytest.mark.parametrize("spec", ["confidence@1.0", "entropy@0", "saturation@1.0", "static@30"])
+@pytest.mark.parametrize("spec", ["confidence@1.0", "entropy@0", "saturation@1.0", "static@30",
+                                  "classifier@1.0/line=2"])
 def test_strictest_threshold_is_the_baseline(smollm, spec):
     params = GenerationParams(max_new_tokens=16)
     for text in stdlib_prompts(8)[:2]:
@@ -109,6 +110,29 @@ def test_counts_heads_and_exits(smollm):
     assert s.layer_evals == 30 + 5 * 20 and s.head_evals == 6
 
 
+def test_a_line_runs_at_the_depth_its_first_tokens_reached(smollm):
+    """line=2: the policy decides a line's first two decoded tokens, the rest of the line runs to
+    the deeper of their two depths with no checks; the next line decides again."""
+    ids = ids_of(smollm, "import os\n\n\ndef list_files(path):\n    names = []\n    for")
+    params = GenerationParams(max_new_tokens=48)
+    free = make_method("early-exit:classifier@0.9", smollm).generate(smollm, ids, params)
+    out = make_method("early-exit:classifier@0.9/line=2", smollm).generate(smollm, ids, params)
+    texts = [smollm.tokenizer.decode([t]) for t in out.token_ids]
+    depths = out.stats.token_layers  # depths[i]: the layers that gave token i (0: the prompt's pass)
+    decided, fixed = [], 0
+    for i in range(1, len(depths)):
+        if "\n" in texts[i - 1]:
+            decided = []
+        if len(decided) < 2:
+            decided.append(depths[i])
+        else:
+            assert depths[i] == max(decided), (i, texts[i], depths[i], decided)
+            fixed += 1
+    assert fixed > 20 and "\n" in "".join(texts[:-3])  # lines long enough to be fixed, several lines
+    # per token the same classifier exits at several depths along one line; per line it cannot
+    assert len(set(free.stats.token_layers[1:6])) > 1
+
+
 def test_bad_names_are_refused(smollm):
     with pytest.raises(ValueError, match="unknown exit policy"):
         make_method("early-exit:nonsense@0.5", smollm)
@@ -128,6 +152,10 @@ def test_bad_names_are_refused(smollm):
         make_method("early-exit:static@24/emit=tiny", smollm)
     with pytest.raises(ValueError, match="emit=short needs a shortlist head"):
         make_method("early-exit:static@24/emit=short/short=0", smollm)
+    with pytest.raises(ValueError, match="line takes the number of tokens"):
+        make_method("early-exit:classifier@0.9/line=0", smollm)
+    with pytest.raises(ValueError, match="line takes a number of tokens"):
+        make_method("early-exit:classifier@0.9/line=two", smollm)
 
 
 def test_shortlist_decisions_are_confirmed_by_the_full_head_and_cost_less(smollm):

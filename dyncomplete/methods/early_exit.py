@@ -21,6 +21,11 @@ grammar is `methods.registry.parse_method`'s):
                     with the next token that goes deeper: exact caches, no extra approximation
   `kv=propagate`    skipped layers get keys/values projected from the exit hidden state (CALM,
                     GREEN-CODE); llama and qwen2 layouts only
+  `line=N`          decide the depth once a line (Glavas et al. 2024: a depth per sequence beat
+                    one per token): the policy decides each of a line's first N decoded tokens,
+                    and the line's later tokens run to the deepest layer those reached, with no
+                    checks (an exit there, or every layer); a token holding a newline starts
+                    the next line
 
 Work is counted as docs/metrics.md defines it: every layer run (catch-up included) is a
 layer evaluation, a propagated layer counts the fraction of a layer its key/value projections
@@ -39,7 +44,7 @@ from ..energy.work import head_macs, layer_macs
 from ..engine import DecodingMethod
 from ..engine.sampling import choose_token
 from ..exits.heads import ExitHeads, lens_heads, load_heads
-from ..exits.policies import ExitPolicy, make_policy
+from ..exits.policies import ExitPolicy, Static, make_policy
 from ..exits.shortlist import DEFAULT_SIZE, EMIT_SIZE, RequestShortlist, Shortlist
 from ..models.fast import rows_waiting
 from ..models.native.bindings import Exits
@@ -51,7 +56,8 @@ class EarlyExit(DecodingMethod):
     name = "early-exit"
 
     def __init__(self, heads: ExitHeads, policy: ExitPolicy, kv: str = "catchup", min_layer: int = 1,
-                 shortlist: Shortlist | None = None, at: set[int] | None = None, emit: str = "full"):
+                 shortlist: Shortlist | None = None, at: set[int] | None = None, emit: str = "full",
+                 line: int = 0):
         if kv not in ("catchup", "propagate"):
             raise ValueError(f"kv must be catchup or propagate, got {kv!r}")
         if emit not in ("full", "short"):
@@ -70,6 +76,10 @@ class EarlyExit(DecodingMethod):
             raise ValueError(f"no exit layer >= {min_layer} among {heads.layers}")
         checks = policy.networks(sorted(self.exits))
         self.native = Exits(checks, policy.threshold) if checks is not None else None
+        self.line = line
+        # line=N: a static method per depth a line can be fixed at (an exit layer, or every layer)
+        self.fixed = {e: EarlyExit(heads, Static(e), kv, shortlist=shortlist, at={e} if e in self.exits else None,
+                                   emit=emit) for e in sorted(self.exits) + [heads.model.num_layers]} if line else {}
 
     def decode(self, model, prompt_ids, logits, cache, emitter, generator):
         stats = emitter.stats
@@ -80,13 +90,22 @@ class EarlyExit(DecodingMethod):
         shortlist = self.shortlist.for_request() if self.shortlist is not None else None
         if shortlist is not None:
             shortlist.grow(prompt_ids)
+        decided: list[int] = []  # line=N: the depths of the current line's deciding tokens
         while True:
             token = choose_token(logits, emitter.params, generator)
             if emitter.emit(token, layers, "full" if layers == model.num_layers else "exit"):
                 break
             if shortlist is not None:
                 shortlist.grow([token])
-            logits, layers, pending = self.step(model, token, position, cache, pending, stats, policy, shortlist)
+            if self.line and "\n" in emitter.text[emitter.previous:]:
+                decided = []
+            if self.line and len(decided) >= self.line:
+                method, step_policy = self.fixed[max(decided)], None
+            else:
+                method, step_policy = self, policy
+            logits, layers, pending = method.step(model, token, position, cache, pending, stats, step_policy, shortlist)
+            if method is self and self.line:
+                decided.append(layers)
             position += 1
         cache.crop(min(cache.lengths))  # leave every layer equally long for whoever reuses it
 
@@ -259,6 +278,12 @@ def build(name, model) -> EarlyExit:
         at = {int(e) for e in name.options["at"].split(".")} if "at" in name.options else None
     except ValueError:
         raise ValueError(f"at takes exit layers with dots between them (at=18.22), got {name.options['at']!r}") from None
+    try:
+        line = int(name.options.get("line", 0))
+    except ValueError:
+        raise ValueError(f"line takes a number of tokens, got {name.options['line']!r}") from None
+    if "line" in name.options and line < 1:
+        raise ValueError(f"line takes the number of tokens that decide a line's depth (>= 1), got {line}")
     policy = make_policy(policy, name.threshold, model, heads)
     shortlist = Shortlist(model, short) if short and (policy.needs_logits or emit == "short") else None
-    return EarlyExit(heads, policy, name.options.get("kv", "catchup"), min_layer, shortlist, at, emit)
+    return EarlyExit(heads, policy, name.options.get("kv", "catchup"), min_layer, shortlist, at, emit, line)
