@@ -124,6 +124,7 @@ class Worker:
         self.prefetch = prefetch and suggestions is not None and parallel == 1
         self._prefetching: Job | None = None
         self._methods = build_methods(methods, model)
+        native.release_thread_pool()  # building ran tensor work (exit heads, shortlists) on this thread
         self.meter = open_meter(str(model.device))
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self._latest: dict[str, Job] = {}  # client id -> its newest job
