@@ -124,7 +124,6 @@ class Worker:
         self.prefetch = prefetch and suggestions is not None and parallel == 1
         self._prefetching: Job | None = None
         self._methods = build_methods(methods, model)
-        native.release_thread_pool()  # building ran tensor work (exit heads, shortlists) on this thread
         self.meter = open_meter(str(model.device))
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self._latest: dict[str, Job] = {}  # client id -> its newest job
@@ -137,6 +136,9 @@ class Worker:
             self.model_thread = ModelThread(model, verify_row_cost=row_cost)
         self._slots = [threading.Thread(target=self._loop, args=(slot,), name=f"dyncomplete-slot-{slot}", daemon=True)
                        for slot in range(parallel)]
+        # building the methods (exit heads, shortlists) and measuring the verify cost ran tensor
+        # work on this thread: free its pool, as `load` does, for the threads that decode
+        native.release_thread_pool()
 
     def start(self) -> None:
         if self.model_thread is not None:
