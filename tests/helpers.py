@@ -1,11 +1,13 @@
 """What several test files share: prompts cut from the standard library, tiny random-weight models
 (no download), a tiny model the server can serve, the presets of the real servers the `server`
-fixture (conftest.py) starts, jobs run through the serve worker, and the alone-against-a-pass
-bit check."""
+fixture (conftest.py) starts, jobs run through the serve worker, the alone-against-a-pass
+bit check, and int4 products timed on this thread and on a later one."""
 
 import json
+import statistics
 import sysconfig
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, OPTConfig, Qwen2Config
 
-from dyncomplete.models.weights import BITS
+from dyncomplete.models.weights import BITS, Linear
 from dyncomplete.paths import cpu_has_bf16
 
 
@@ -52,6 +54,29 @@ def same_bits_alone_and_in_a_pass(model, ids, k=8) -> list[bool]:
     alone = [model.forward(torch.tensor([ids[start + i]]), alone_cache, start=start + i)[0, -1] for i in range(k)]
     together = model.forward(torch.tensor(ids[start:]), together_cache, start=start, last_only=False)[0]
     return [torch.equal(together[i], alone[i]) for i in range(k)]
+
+
+def products_here_and_on_a_later_thread(between) -> tuple[float, float]:
+    """Median seconds of an int4 product (Qwen 0.5B's gate-up width) on this thread, then, after
+    `between()` ran here, on a thread started after it: the server loads and sets up in one thread
+    and decodes in another, and an OpenMP pool left alive here slows the other one."""
+    lin = Linear(torch.randn(4864, 896, dtype=torch.bfloat16), None, "int4")
+    x = torch.randn(1, 896, dtype=torch.bfloat16)
+
+    def per_call(out: list) -> None:
+        for _ in range(7):
+            start = time.perf_counter()
+            for _ in range(300):
+                lin(x)
+            out.append((time.perf_counter() - start) / 300)
+
+    here, there = [], []
+    per_call(here)
+    between()
+    later = threading.Thread(target=per_call, args=(there,))
+    later.start()
+    later.join()
+    return statistics.median(here), statistics.median(there)
 
 
 def ids_of(model, text):

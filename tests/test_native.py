@@ -7,12 +7,10 @@ loading one runs the kernels as fast."""
 import ctypes
 import json
 import json.decoder
-import statistics
-import threading
-import time
 
 import pytest
 import torch
+from helpers import products_here_and_on_a_later_thread
 
 from dyncomplete import paths
 from dyncomplete.models import native
@@ -111,20 +109,5 @@ def test_without_a_compiler_int4_is_refused_with_the_fix(tmp_path, monkeypatch):
 def test_a_thread_that_did_not_load_runs_the_kernels_as_fast_as_the_loading_one():
     """The server loads in its main thread and decodes in a worker thread; `load` ends with
     `release_thread_pool` (without it the worker's products took about three times as long)."""
-    lin = Linear(torch.randn(4864, 896, dtype=torch.bfloat16), None, "int4")
-    x = torch.randn(1, 896, dtype=torch.bfloat16)
-
-    def per_call(out: list) -> None:
-        for _ in range(7):
-            start = time.perf_counter()
-            for _ in range(300):
-                lin(x)
-            out.append((time.perf_counter() - start) / 300)
-
-    here, there = [], []
-    per_call(here)
-    native.release_thread_pool()
-    worker = threading.Thread(target=per_call, args=(there,))
-    worker.start()
-    worker.join()
-    assert statistics.median(there) < 1.5 * statistics.median(here), (here, there)
+    here, there = products_here_and_on_a_later_thread(native.release_thread_pool)
+    assert there < 1.5 * here, (here, there)

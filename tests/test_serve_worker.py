@@ -2,16 +2,12 @@
 cancelled while queued never reaches the model, methods are built at start and a method outside
 them is refused without stopping the thread."""
 
-import statistics
-import threading
 import time
 
 import pytest
-import torch
-from helpers import run_jobs
+from helpers import products_here_and_on_a_later_thread, run_jobs
 
 from dyncomplete.engine import GenerationParams
-from dyncomplete.models.weights import Linear
 from dyncomplete.serve.prefix_cache import PrefixCache
 from dyncomplete.serve.report import finish_reason
 from dyncomplete.serve.worker import Busy, Job, Worker
@@ -112,21 +108,7 @@ def test_building_the_methods_leaves_the_decoding_thread_at_full_speed(smollm):
     tensor work there (heads, shortlists), which keeps that thread's OpenMP pool alive; the worker
     then frees it, as `load` does (kept, the served exit at layer 22 of the tuned Qwen decoded at
     14.7 ms a token instead of 9.4)."""
-    lin = Linear(torch.randn(4864, 896, dtype=torch.bfloat16), None, "int4")
-    x = torch.randn(1, 896, dtype=torch.bfloat16)
-
-    def per_call(out: list) -> None:
-        for _ in range(7):
-            start = time.perf_counter()
-            for _ in range(300):
-                lin(x)
-            out.append((time.perf_counter() - start) / 300)
-
-    here, there = [], []
-    per_call(here)
-    Worker(smollm, ["baseline", "early-exit:static/kv=propagate/emit=short@28"], queue_size=1, context_budget=256,
-           prefix_cache=PrefixCache(0))
-    decoding = threading.Thread(target=per_call, args=(there,))
-    decoding.start()
-    decoding.join()
-    assert statistics.median(there) < 1.5 * statistics.median(here), (here, there)
+    here, there = products_here_and_on_a_later_thread(
+        lambda: Worker(smollm, ["baseline", "early-exit:static/kv=propagate/emit=short@28"], queue_size=1,
+                       context_budget=256, prefix_cache=PrefixCache(0)))
+    assert there < 1.5 * here, (here, there)
