@@ -1,5 +1,6 @@
 """Early exit: exact at the strictest threshold, exact caches after catch-up, propagated caches
-equal to a reference built with the real decoder layers, and honest work counts."""
+and shallow prompts (`prompt=L`) equal to references built with the real decoder layers, and
+honest work counts."""
 
 import pytest
 import torch
@@ -102,6 +103,53 @@ def test_propagation_matches_a_reference_built_with_the_real_layers(smollm):
     assert not torch.allclose(logits, full, atol=1e-3)  # propagation is an approximation
 
 
+def test_a_shallow_prompt_matches_a_reference_built_with_the_real_layers(smollm):
+    """prompt=18: the prompt's positions but its last run layers below 18, and the real layers
+    from 18 on, run on their state there, leave the keys and values (outputs dropped); the last
+    position runs every layer over them."""
+    ids = ids_of(smollm, "import os\nimport sys\n\nfor name in os.listdir(path):\n    print(")
+    method = make_method("early-exit:static@18/kv=propagate/prompt=18", smollm)
+    cache = smollm.new_cache()
+    with torch.inference_mode():
+        logits = method.prompt_pass(smollm, ids, cache, last=True)
+        ref = smollm.new_cache()
+        ctx = smollm.context(torch.arange(len(ids) - 1))
+        h = smollm.embed(torch.tensor(ids[:-1]), ctx)
+        for j in range(smollm.num_layers):
+            out = smollm.run_layer(j, h, ctx, ref)
+            h = out if j < 18 else h
+        expected = smollm.forward(torch.tensor(ids[-1:]), ref)[0, -1]
+    assert cache.lengths == [len(ids)] * smollm.num_layers
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(logits, smollm.forward(torch.tensor(ids))[0, -1], atol=1e-3)  # an approximation
+
+
+def test_after_its_first_token_a_static_exit_reads_no_prompt_layer_above_it(smollm):
+    """static@18 with prompt=18: every token after the first is the one static@18 gives over the
+    full prompt's cache, whose layers from 18 on are exact instead of projected."""
+    ids = ids_of(smollm, "def mean(values):\n    total = 0\n    for v in values:\n")
+    out = make_method("early-exit:static@18/kv=propagate/prompt=18", smollm).generate(
+        smollm, ids, GenerationParams(max_new_tokens=8))
+    static = make_method("early-exit:static@18/kv=propagate", smollm)
+    cache, pending, stats = smollm.new_cache(), [], Stats()
+    smollm.forward(torch.tensor(ids), cache)
+    with torch.inference_mode():
+        for k, token in enumerate(out.token_ids[:-1]):
+            logits, depth, pending = static.step(smollm, token, len(ids) + k, cache, pending, stats)
+            assert depth == 18 and int(logits.argmax()) == out.token_ids[k + 1], k
+
+
+def test_a_shallow_prompt_gives_the_same_bits_in_chunks(smollm_int4):
+    """A cancellable request prefills in chunks of PREFILL_CHUNK: the same tokens as in one part."""
+    ids = ids_of(smollm_int4, stdlib_prompts(8)[0])
+    method, params = make_method("early-exit:classifier@0.9/kv=propagate/prompt=20", smollm_int4), GenerationParams(max_new_tokens=12)
+    assert len(ids) > 2 * 32 and method.prompt_depth == 20
+    whole = method.generate(smollm_int4, ids, params)
+    chunked = method.generate(smollm_int4, ids, params, cancelled=lambda: False)
+    assert chunked.token_ids == whole.token_ids and whole.stats.prompt_tokens == len(ids)
+    assert make_method("early-exit:classifier/prompt=20@0.9+stop:0.9", smollm_int4).prompt_depth == 20
+
+
 def test_counts_heads_and_exits(smollm):
     ids = ids_of(smollm, "x = 1\ny = 2\nz =")
     out = make_method("early-exit:static@20/lens", smollm).generate(smollm, ids, GenerationParams(max_new_tokens=6))
@@ -156,6 +204,9 @@ def test_bad_names_are_refused(smollm):
         make_method("early-exit:classifier@0.9/line=0", smollm)
     with pytest.raises(ValueError, match="line takes a number of tokens"):
         make_method("early-exit:classifier@0.9/line=two", smollm)
+    for bad in ("0", "30", "abc"):
+        with pytest.raises(ValueError, match="prompt takes a layer"):
+            make_method(f"early-exit:static@20/prompt={bad}", smollm)
 
 
 def test_shortlist_decisions_are_confirmed_by_the_full_head_and_cost_less(smollm):

@@ -45,9 +45,19 @@ def _end_tokens(tokenizer) -> tuple[int, ...]:
 PREFILL_CHUNK = 32  # prompt tokens per forward call where a request can be cancelled: it stops within one
 
 
+def full_prompt_pass(model: LayeredModel, ids: list[int], cache: KVCache, last: bool) -> torch.Tensor | None:
+    """Every layer over prompt tokens that follow the cache's contents; with `last` (the prompt's
+    last part) its last position's logits."""
+    if last:
+        return model.forward(torch.tensor(ids), cache)[0, -1]
+    model.fill(ids, cache)
+    return None
+
+
 def prefill(model: LayeredModel, prompt_ids: list[int], cache: KVCache, stats: Stats,
-            cancelled: Callable[[], bool] | None = None) -> torch.Tensor | None:
+            cancelled: Callable[[], bool] | None = None, run=full_prompt_pass) -> torch.Tensor | None:
     """Run the prompt tokens the cache does not hold yet; return the last position's logits.
+    `run(model, ids, cache, last)` computes a part (a method's `prompt_pass`).
     With `cancelled`, in chunks of PREFILL_CHUNK, and None where it said so between two: the cache
     and `stats` then hold the prompt's start that was computed (a prefix cache can keep it). The
     int4 engine gives the same bits in chunks (its rows do not depend on the row count), and the
@@ -73,10 +83,8 @@ def prefill(model: LayeredModel, prompt_ids: list[int], cache: KVCache, stats: S
                 stats.prefill_s = time.perf_counter() - start
                 return None
             piece = prompt_ids[c:min(c + step, b)]
-            if c + len(piece) == len(prompt_ids):  # the prompt's last chunk: its last position's logits
-                logits = model.forward(torch.tensor(piece), cache)[0, -1]
-            else:
-                model.fill(piece, cache)
+            # the prompt's last chunk, the loop's last step, gives its last position's logits
+            logits = run(model, piece, cache, c + len(piece) == len(prompt_ids))
             evaluated += len(piece)
         cache.lengths = [max(reused, b)] * cache.num_layers
     stats.prefill_s = time.perf_counter() - start
@@ -89,6 +97,7 @@ class DecodingMethod:
     prefill as vLLM's time to first token counts it) and `guard` (a check before each token)."""
 
     name = "method"
+    prompt_depth: int | None = None  # layers a prompt token runs where not all (see prompt_pass)
     batchable = False  # its passes are `model.forward` and `score_chain` only: a server may batch them (serve/batching.py)
 
     def generate(
@@ -103,7 +112,7 @@ class DecodingMethod:
         cache = cache if cache is not None else model.new_cache()
         stats = Stats(model=model.name, method=self.name)
         prompt_ids, heal = healing.heal_prompt(model.tokenizer, prompt_ids, params.token_healing)
-        logits = prefill(model, prompt_ids, cache, stats, cancelled)
+        logits = prefill(model, prompt_ids, cache, stats, cancelled, self.prompt_pass)
         if logits is None:
             stats.stopped_by = "cancelled"
             return Completion("", [], stats)
@@ -121,6 +130,11 @@ class DecodingMethod:
             self.decode(model, prompt_ids, logits, cache, emitter, generator)
         stats.decode_s = time.perf_counter() - start
         return Completion(emitter.text, emitter.ids, stats, emitter.healed)
+
+    def prompt_pass(self, model, ids: list[int], cache: KVCache, last: bool) -> torch.Tensor | None:
+        """The prompt pass over a part of the prompt (`full_prompt_pass`). A method that overrides it
+        sets `prompt_depth`, so that a server keeps its caches apart from exact ones."""
+        return full_prompt_pass(model, ids, cache, last)
 
     def prepare(self, model, prompt_ids, params, generator, stats) -> None:
         """Prompt work besides the model's own prompt pass (a draft model's); timed as prefill."""

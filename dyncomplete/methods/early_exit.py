@@ -26,6 +26,12 @@ grammar is `methods.registry.parse_method`'s):
                     and the line's later tokens run to the deepest layer those reached, with no
                     checks (an exit there, or every layer); a token holding a newline starts
                     the next line
+  `prompt=L`        prompt tokens run layers below L only; the layers from L on get keys and
+                    values projected from their state at L, as `kv=propagate` writes them for an
+                    exited token. The prompt's last position runs every layer, so the first token
+                    is the full model's (reading those projections). With `static@L` no later
+                    token reads above L either, so the prompt's layers above L are skipped work
+                    (llama and qwen2 layouts)
 
 Work is counted as docs/metrics.md defines it: every layer run (catch-up included) is a
 layer evaluation, a propagated layer counts the fraction of a layer its key/value projections
@@ -57,7 +63,7 @@ class EarlyExit(DecodingMethod):
 
     def __init__(self, heads: ExitHeads, policy: ExitPolicy, kv: str = "catchup", min_layer: int = 1,
                  shortlist: Shortlist | None = None, at: set[int] | None = None, emit: str = "full",
-                 line: int = 0):
+                 line: int = 0, prompt: int = 0):
         if kv not in ("catchup", "propagate"):
             raise ValueError(f"kv must be catchup or propagate, got {kv!r}")
         if emit not in ("full", "short"):
@@ -66,6 +72,11 @@ class EarlyExit(DecodingMethod):
             raise ValueError("emit=short needs a shortlist head (short=N with N >= 2)")
         if kv == "propagate" and heads.model.kind not in PROPAGATE_KINDS:
             raise ValueError(f"kv=propagate supports {', '.join(PROPAGATE_KINDS)}, not {heads.model.kind}")
+        if prompt and heads.model.kind not in PROPAGATE_KINDS:
+            raise ValueError(f"prompt=L supports {', '.join(PROPAGATE_KINDS)}, not {heads.model.kind}")
+        if not 0 <= prompt < heads.model.num_layers:
+            raise ValueError(f"prompt takes a layer from 1 to {heads.model.num_layers - 1}, got {prompt}")
+        self.prompt_depth = prompt or None
         self.heads, self.policy, self.kv, self.emit = heads, policy, kv, emit
         self.shortlist = shortlist if policy.needs_logits or emit == "short" else None
         if at is not None and not at <= set(heads.layers):
@@ -108,6 +119,23 @@ class EarlyExit(DecodingMethod):
                 decided.append(layers)
             position += 1
         cache.crop(min(cache.lengths))  # leave every layer equally long for whoever reuses it
+
+    def prompt_pass(self, model, ids, cache, last):
+        """`prompt=L` (module docstring); without it, every layer."""
+        depth = self.prompt_depth
+        if depth is None:
+            return super().prompt_pass(model, ids, cache, last)
+        start = cache.lengths[0]
+        ctx = model.context(torch.arange(start, start + len(ids)))
+        h = model.run_layers(0, model.embed(torch.tensor(ids), ctx), ctx, cache, depth)
+        projected = len(ids) - 1 if last else len(ids)
+        if projected:
+            part = model.context(torch.arange(start, start + projected))
+            model.project_kv(range(depth, model.num_layers), h[:, :projected], part, cache)
+        if not last:
+            return None
+        h = model.run_layers(depth, h[:, -1:], model.context(torch.tensor([start + projected])), cache)
+        return model.head(model.final_norm(h)).float()[0, -1]
 
     def step(self, model, token, position, cache, pending, stats, policy: ExitPolicy | None = None,
              shortlist: RequestShortlist | None = None):
@@ -265,25 +293,27 @@ def build(name, model) -> EarlyExit:
     heads = load_heads(model, name.options.get("heads") or None)
     if "lens" in name.options:
         heads = lens_heads(model, heads.layers)
-    try:
-        min_layer = int(name.options.get("min", 1))
-    except ValueError:
-        raise ValueError(f"min takes a layer number, got {name.options['min']!r}") from None
+    min_layer = _int_option(name, "min", 1, "a layer number")
     emit = name.options.get("emit", "full")
-    try:
-        short = int(name.options.get("short", EMIT_SIZE if emit == "short" else DEFAULT_SIZE))
-    except ValueError:
-        raise ValueError(f"short takes a number of rows, got {name.options['short']!r}") from None
+    short = _int_option(name, "short", EMIT_SIZE if emit == "short" else DEFAULT_SIZE, "a number of rows")
     try:
         at = {int(e) for e in name.options["at"].split(".")} if "at" in name.options else None
     except ValueError:
         raise ValueError(f"at takes exit layers with dots between them (at=18.22), got {name.options['at']!r}") from None
-    try:
-        line = int(name.options.get("line", 0))
-    except ValueError:
-        raise ValueError(f"line takes a number of tokens, got {name.options['line']!r}") from None
+    line = _int_option(name, "line", 0, "a number of tokens")
     if "line" in name.options and line < 1:
         raise ValueError(f"line takes the number of tokens that decide a line's depth (>= 1), got {line}")
+    prompt = _int_option(name, "prompt", 0, "a layer number")
+    if "prompt" in name.options and prompt < 1:
+        raise ValueError(f"prompt takes a layer from 1 to {model.num_layers - 1}, got {prompt}")
     policy = make_policy(policy, name.threshold, model, heads)
     shortlist = Shortlist(model, short) if short and (policy.needs_logits or emit == "short") else None
-    return EarlyExit(heads, policy, name.options.get("kv", "catchup"), min_layer, shortlist, at, emit, line)
+    return EarlyExit(heads, policy, name.options.get("kv", "catchup"), min_layer, shortlist, at, emit, line, prompt)
+
+
+def _int_option(name, key: str, default: int, takes: str) -> int:
+    """The method name's option `key` as an integer (`default` where it is absent)."""
+    try:
+        return int(name.options.get(key, default))
+    except ValueError:
+        raise ValueError(f"{key} takes {takes}, got {name.options[key]!r}") from None

@@ -29,7 +29,7 @@ class Family:
 
 
 _EARLY_EXIT_OPTIONS = {"lens": "flag", "heads": "path", "kv": "value", "min": "value", "at": "value",
-                       "short": "value", "emit": "value", "line": "value"}
+                       "short": "value", "emit": "value", "line": "value", "prompt": "value"}
 
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("baseline", "dyncomplete.methods.baseline"),

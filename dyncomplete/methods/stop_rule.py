@@ -89,6 +89,13 @@ class StopRule(DecodingMethod):
             tap.detach(model)
             self._request.rows = None
 
+    @property
+    def prompt_depth(self):
+        return self.inner.prompt_depth
+
+    def prompt_pass(self, model, ids, cache, last):
+        return self.inner.prompt_pass(model, ids, cache, last)
+
     def prepare(self, model, prompt_ids, params, generator, stats):
         self.inner.prepare(model, prompt_ids, params, generator, stats)
 
