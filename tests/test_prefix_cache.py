@@ -12,6 +12,7 @@ from dyncomplete.engine import GenerationParams
 from dyncomplete.engine.method import PREFILL_CHUNK
 from dyncomplete.methods.baseline import Baseline
 from dyncomplete.models import KVCache
+from dyncomplete.models.rotary import shift_frequencies
 from dyncomplete.serve.prefix_cache import PrefixCache
 from dyncomplete.engine.window import stable_prefix
 
@@ -88,6 +89,21 @@ def test_memory_bound_eviction_and_subsumed_entries(smollm):
     with pytest.raises(ValueError):
         PrefixCache(-1)
     assert isinstance(kv, KVCache)
+
+
+def test_entries_of_another_prompt_depth_are_never_reused(smollm):
+    """An early exit's shallow prompt (`prompt=L`) leaves projected keys above L: a lookup reads
+    only entries of its own depth, and the same prompt may be kept at both."""
+    ids = ids_of(smollm, SOURCE)[:40]
+    kv = smollm.new_cache()
+    smollm.forward(torch.tensor(ids), kv)
+    cache = PrefixCache(max_bytes=256 * 2**20, min_chunk=8, inv_freq=shift_frequencies(smollm))
+    assert cache.store(ids, kv.copy(), depth=20)
+    assert cache.lookup(ids + [1]) == (None, 0)
+    assert cache.lookup(ids[5:] + [1]) == (None, 0)  # nor its chunks at new positions
+    assert cache.lookup(ids + [1], depth=20)[1] == 40
+    assert cache.store(ids, kv.copy()) and len(cache) == 2
+    assert cache.lookup(ids + [1])[1] == 40
 
 
 def window_starts(smollm, prefixes, budget):

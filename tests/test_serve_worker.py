@@ -1,6 +1,7 @@
 """The model worker without HTTP: a deadline stops a generation (tokenising included), a job
 cancelled while queued never reaches the model, methods are built at start and a method outside
-them is refused without stopping the thread."""
+them is refused without stopping the thread, and an exact method never reuses an early exit's
+shallow prompt."""
 
 import time
 
@@ -112,3 +113,20 @@ def test_building_the_methods_leaves_the_decoding_thread_at_full_speed(smollm):
         lambda: Worker(smollm, ["baseline", "early-exit:static/kv=propagate/emit=short@28"], queue_size=1,
                        context_budget=256, prefix_cache=PrefixCache(0)))
     assert there < 1.5 * here, (here, there)
+
+
+def test_a_shallow_prompt_is_never_reused_by_an_exact_method(smollm):
+    """`prompt=L` leaves projected keys above L in the prompt's cache: the prefix cache keeps it
+    for requests of that method, and `baseline` prefills the same prompt again."""
+    shallow = "early-exit:static/kv=propagate/prompt=20@20"
+    w = Worker(smollm, ["baseline", shallow], queue_size=4, context_budget=256, prefix_cache=PrefixCache(2**26))
+    w.start()
+    try:
+        prompt = "import os\n\n\ndef list_files(path):\n    names = []\n    for"
+        results = [r for _, r in run_jobs(w, [job(prompt, 8, shallow), job(prompt, 8), job(prompt, 8, shallow),
+                                              job(prompt, 8)])]
+    finally:
+        w.stop()
+    cached = [r["completion"].stats.cached_prompt_tokens for r in results]
+    assert cached[0] == cached[1] == 0 and cached[2] > 0 and cached[3] > 0, cached
+    assert results[1]["completion"].token_ids == results[3]["completion"].token_ids

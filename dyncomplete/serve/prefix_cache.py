@@ -1,7 +1,9 @@
 """Prefix cache: KV caches of recent prompts, reused through the longest common token prefix.
 
 An editor sends nearly the same prompt at every pause in typing; reusing the KV of the part it
-shares with an earlier prompt leaves only the new tokens to prefill. Entries hold the prompt's
+shares with an earlier prompt leaves only the new tokens to prefill. Entries are kept apart by
+the prompt depth of the method that computed them (`DecodingMethod.prompt_depth`: None for
+every layer), so an exact method never reads an early-exit prompt's projected keys. Entries hold the prompt's
 positions only (generated tokens are dropped: a lossy method may have left approximate keys
 there), so a reused cache gives exactly the output of a fresh prefill. Memory is bounded by
 bytes, evicting the least recently used entry; an entry whose prompt starts a newer one is
@@ -35,7 +37,8 @@ class CacheCounters:
 
 
 class PrefixCache:
-    """LRU of (prompt token ids -> KVCache holding exactly those positions), bounded by bytes."""
+    """LRU of ((prompt depth, prompt token ids) -> KVCache holding exactly those positions),
+    bounded by bytes."""
 
     def __init__(self, max_bytes: int, min_chunk: int = 0, inv_freq=None, copy_limit: int = 0):
         if max_bytes < 0:
@@ -48,7 +51,7 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.min_chunk = min_chunk if inv_freq is not None else 0
         self.inv_freq = inv_freq
-        self._entries: OrderedDict[tuple[int, ...], KVCache] = OrderedDict()
+        self._entries: OrderedDict[tuple[int | None, tuple[int, ...]], KVCache] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.counters = CacheCounters()
@@ -60,21 +63,23 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, ids: list[int], touch: bool = True) -> tuple[KVCache | None, int]:
-        """A private copy of the cache sharing the longest token prefix with `ids`, cropped to
-        that prefix, and its length; (None, 0) when no entry shares a token. `touch` False (a
-        prefetch): the entries' order of use and the counters stay as they were."""
+    def lookup(self, ids: list[int], touch: bool = True, depth: int | None = None) -> tuple[KVCache | None, int]:
+        """A private copy of the cache of `depth` sharing the longest token prefix with `ids`,
+        cropped to that prefix, and its length; (None, 0) when no entry shares a token. `touch`
+        False (a prefetch): the entries' order of use and the counters stay as they were."""
         with self._lock:
             if touch:
                 self.counters.lookups += 1
             best_key, best, wanted = None, 0, tuple(ids)
             for key in self._entries:
-                n = common_prefix_length(key, wanted)
+                if key[0] != depth:
+                    continue
+                n = common_prefix_length(key[1], wanted)
                 if n > best:
                     best_key, best = key, n
             chunks = []
             if self.min_chunk:
-                reused, recent, plan = max((self._reused_by(key, wanted) for key in self._recent()),
+                reused, recent, plan = max((self._reused_by(key, wanted) for key in self._recent(depth)),
                                            default=(0, None, []), key=lambda c: c[0])  # ties: the most recent
                 if reused > best:
                     best_key, best, chunks = recent, reused, plan
@@ -91,20 +96,22 @@ class PrefixCache:
             return assemble(source, chunks, len(ids), self.inv_freq, room), best
         return source.copy(best, room), best
 
-    def _recent(self) -> list[tuple[int, ...]]:
-        """The prompts chunk reuse plans against: the most recently used, one per editor that a
-        server shared by a few editors took turns with (the last alone would be another editor's)."""
-        return list(islice(reversed(self._entries), RECENT_PROMPTS))
+    def _recent(self, depth: int | None) -> list[tuple[int | None, tuple[int, ...]]]:
+        """The prompts chunk reuse plans against: the most recently used of `depth`, one per editor
+        that a server shared by a few editors took turns with (the last alone would be another
+        editor's)."""
+        return list(islice((key for key in reversed(self._entries) if key[0] == depth), RECENT_PROMPTS))
 
-    def _reused_by(self, key: tuple[int, ...], ids: tuple[int, ...]) -> tuple[int, tuple[int, ...], list]:
+    def _reused_by(self, key, ids: tuple[int, ...]) -> tuple[int, tuple, list]:
         """(tokens reused, key, chunks) of `ids` planned against the entry `key`."""
-        chunks = plan_chunks(key, ids, self.min_chunk)
+        chunks = plan_chunks(key[1], ids, self.min_chunk)
         if self.copy_limit:
             chunks = split_stale(chunks, self._entries[key].copies, self.copy_limit, self.min_chunk)
         return sum(c.end - c.start for c in chunks), key, chunks
 
-    def store(self, ids: list[int], cache: KVCache) -> bool:
-        """Keep the first len(ids) positions of `cache` (which must hold them in every layer)."""
+    def store(self, ids: list[int], cache: KVCache, depth: int | None = None) -> bool:
+        """Keep the first len(ids) positions of `cache` (which must hold them in every layer),
+        computed by a method of prompt depth `depth`."""
         n = len(ids)
         if n == 0 or min(cache.lengths) < n:
             return False
@@ -113,9 +120,9 @@ class PrefixCache:
         size = entry.nbytes()
         if size > self.max_bytes:
             return False
-        key = tuple(ids)
+        key = (depth, tuple(ids))
         with self._lock:
-            for old in [k for k in self._entries if len(k) <= n and key[: len(k)] == k]:
+            for old in [k for k in self._entries if k[0] == depth and len(k[1]) <= n and key[1][: len(k[1])] == k[1]]:
                 self._bytes -= self._entries.pop(old).nbytes()
             self._entries[key] = entry
             self._bytes += size

@@ -322,7 +322,7 @@ class Worker:
             raise _Skipped
         cache = None  # no prefix cache for this request: the method prefills the whole prompt
         if job.use_cache:
-            cache, _ = self.prefix_cache.lookup(prompt.ids, touch=not prefetch)
+            cache, _ = self.prefix_cache.lookup(prompt.ids, touch=not prefetch, depth=method.prompt_depth)
             cache = cache if cache is not None else self.model.new_cache()
         params, history = job.params, None
         if job.history is not None and self.client_history is not None:
@@ -337,7 +337,7 @@ class Worker:
         # what was prefilled (token healing may have dropped the last prompt token); not a prefetch's
         # prompt, which would add copies to the suffix the editor's next request most likely reuses
         if job.use_cache and not prefetch:
-            self.prefix_cache.store(prompt.ids[: result.stats.prompt_tokens], cache)
+            self.prefix_cache.store(prompt.ids[: result.stats.prompt_tokens], cache, method.prompt_depth)
         stopped_by = job.reason if result.stats.stopped_by == "cancelled" else result.stats.stopped_by
         self._count(f"stopped_{stopped_by}")
         self._count("tokens_generated", result.stats.new_tokens)
