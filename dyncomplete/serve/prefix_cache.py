@@ -1,13 +1,13 @@
 """Prefix cache: KV caches of recent prompts, reused through the longest common token prefix.
 
 An editor sends nearly the same prompt at every pause in typing; reusing the KV of the part it
-shares with an earlier prompt leaves only the new tokens to prefill. Entries are kept apart by
-the prompt depth of the method that computed them (`DecodingMethod.prompt_depth`: None for
-every layer), so an exact method never reads an early-exit prompt's projected keys. Entries hold the prompt's
+shares with an earlier prompt leaves only the new tokens to prefill. Entries hold the prompt's
 positions only (generated tokens are dropped: a lossy method may have left approximate keys
-there), so a reused cache gives exactly the output of a fresh prefill. Memory is bounded by
-bytes, evicting the least recently used entry; an entry whose prompt starts a newer one is
-dropped, as the newer one serves every request the older one could.
+there), and are kept apart by the prompt depth of the method that computed them
+(`DecodingMethod.prompt_depth`, None for every layer: an early exit's `prompt=L` projects the
+keys above L), so a reused cache gives exactly the output of a fresh prefill of that method.
+Memory is bounded by bytes, evicting the least recently used entry; an entry whose prompt starts
+a newer one is dropped, as the newer one serves every request the older one could.
 
 With `min_chunk` (and the model's rotary frequencies), a lookup also reuses later runs of one of
 the most recently used prompts at new positions (chunk_reuse.py), the one that gives the most:
