@@ -142,7 +142,8 @@ def test_after_its_first_token_a_static_exit_reads_no_prompt_layer_above_it(smol
 def test_a_shallow_prompt_gives_the_same_bits_in_chunks(smollm_int4):
     """A cancellable request prefills in chunks of PREFILL_CHUNK: the same tokens as in one part."""
     ids = ids_of(smollm_int4, stdlib_prompts(8)[0])
-    method, params = make_method("early-exit:classifier@0.9/kv=propagate/prompt=20", smollm_int4), GenerationParams(max_new_tokens=12)
+    method = make_method("early-exit:classifier@0.9/kv=propagate/prompt=20", smollm_int4)
+    params = GenerationParams(max_new_tokens=12)
     assert len(ids) > 2 * 32 and method.prompt_depth == 20
     whole = method.generate(smollm_int4, ids, params)
     chunked = method.generate(smollm_int4, ids, params, cancelled=lambda: False)

@@ -130,7 +130,7 @@ class EarlyExit(DecodingMethod):
         h = model.run_layers(0, model.embed(torch.tensor(ids), ctx), ctx, cache, depth)
         projected = len(ids) - 1 if last else len(ids)
         if projected:
-            part = model.context(torch.arange(start, start + projected))
+            part = ctx if projected == len(ids) else model.context(torch.arange(start, start + projected))
             model.project_kv(range(depth, model.num_layers), h[:, :projected], part, cache)
         if not last:
             return None

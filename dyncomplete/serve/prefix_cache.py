@@ -122,7 +122,8 @@ class PrefixCache:
             return False
         key = (depth, tuple(ids))
         with self._lock:
-            for old in [k for k in self._entries if k[0] == depth and len(k[1]) <= n and key[1][: len(k[1])] == k[1]]:
+            older = [k for k in self._entries if k[0] == depth and len(k[1]) <= n and key[1][: len(k[1])] == k[1]]
+            for old in older:
                 self._bytes -= self._entries.pop(old).nbytes()
             self._entries[key] = entry
             self._bytes += size
