@@ -63,6 +63,41 @@ def test_single_line_stops_at_newline_and_drops_the_rest_of_the_line():
     assert guards.cut("a, ", 0, 0.0, final=True) is None
 
 
+# HumanEval's multi-line infilling: the cursor in column 0 of the line the middle goes above.
+LOOP_PREFIX = "def f(k):\n    ans = []\n    for i in range(k):\n"
+LOOP_SUFFIX = "    return ans\n"
+LOOP_RAMBLE = "        ans.append(i)\n    return ans\n\ndef g(grid):\n"
+
+
+def test_cursor_in_column_0_of_a_line_with_code_takes_whole_lines_above_it():
+    guards = EditorGuards.for_cursor(LOOP_PREFIX, LOOP_SUFFIX)
+    assert guards.line_start and not guards.single_line and guards.blank_line
+    assert guards.suffix_line == "return ans"
+    assert guards.cut(LOOP_RAMBLE, 0, 0.0) == (len("        ans.append(i)\n"), "suffix_repeat")  # newline kept
+    assert guards.cut("        x = f(a))\n", 0, 0.0) == (0, "bracket")  # a cut inside a line drops the line
+    assert guards.cut("        y = 1\n        x = f(a))", 0, 0.0) == (len("        y = 1\n"), "bracket")
+    assert guards.cut("        y = 1\n\n", 0, 0.0) == (len("        y = 1\n"), "blank_line")
+    assert guards.cut("        y = 1", 0, 0.0, final=True) is None
+    # the cursor after text, or in a line's indentation: the rest of its line, as before
+    assert EditorGuards.for_cursor(LOOP_PREFIX + "        ", LOOP_SUFFIX).single_line
+    assert not EditorGuards.for_cursor(LOOP_PREFIX, "\n" + LOOP_SUFFIX).line_start
+    assert EditorGuards.for_cursor("", "x = 1\n").line_start
+
+
+def test_time_cap_at_line_start_keeps_whole_lines():
+    guards = EditorGuards(time_limit_s=0.5, line_start=True)
+    assert guards.cut("x = 1\ny = (", 5, 0.6) == (6, "time_limit")
+
+
+def test_line_start_streams_only_whole_lines():
+    guards = EditorGuards.for_cursor(LOOP_PREFIX, LOOP_SUFFIX)
+    emitter, streamed, fed = run_emitter(LOOP_RAMBLE, guards)
+    assert emitter.text == streamed == "        ans.append(i)\n" and emitter.stats.stopped_by == "suffix_repeat"
+    assert fed == len("        ans.append(i)\n    return ans\n")
+    emitter, streamed, _ = run_emitter("        x = f(a))\n", guards)
+    assert emitter.text == streamed == "" and emitter.stats.stopped_by == "bracket"
+
+
 def test_a_blank_line_after_code_ends_a_multi_line_completion():
     assert blank_line_cut("x = 1\n    y = 2\n\nz = 3\n") == len("x = 1\n    y = 2")
     assert blank_line_cut("x = 1\n   \t\n") == 5  # whitespace only is blank

@@ -10,7 +10,10 @@ so generation also stops as early, not only the text:
 - time cap (llama.cpp's `t_max_predict_ms`): past it, stop at the next token holding a newline;
 - indentation (llama.cpp's `n_indent`): a line after the first whose first non-blank character
   comes before column `n_indent` ends the completion, cut at that character;
-- single line: text after the cursor on the cursor's line means a single-line completion;
+- single line: text after the cursor on the cursor's line means a single-line completion,
+  unless the cursor is at the line's start (line start: the completion is whole lines inserted
+  above that line, as HumanEval's infilling middles are; every cut keeps whole lines, the
+  newline before the cut included, and only whole lines stream);
 - suffix repeat: a line equal to the suffix's first non-blank line ends the completion before it
   (single line: a completion ending with the rest of the cursor's line loses that ending);
 - brackets: a closing bracket that closes nothing (neither opened in the completion nor left open
@@ -31,6 +34,11 @@ OPENERS = set(PAIRS.values())
 def is_single_line(suffix: str | None) -> bool:
     """Text after the cursor on its own line: only that line's rest can be completed."""
     return bool(suffix) and bool(suffix.partition("\n")[0].strip())
+
+
+def at_line_start(prefix: str) -> bool:
+    """The cursor is in column 0."""
+    return not prefix or prefix.endswith("\n")
 
 
 def first_suffix_line(suffix: str | None) -> str:
@@ -125,13 +133,15 @@ class EditorGuards:
     suffix_line: str = ""  # multi-line: the suffix's first non-blank line; single: the line's rest
     open_before: str | None = None  # None: no bracket guard
     blank_line: bool = False
+    line_start: bool = False  # whole lines inserted above the cursor's line (see the module's notes)
 
     @classmethod
     def for_cursor(cls, prefix: str, suffix: str | None, time_limit_s: float | None = None,
                    n_indent: int = 0) -> "EditorGuards":
-        single = is_single_line(suffix)
+        line_start = is_single_line(suffix) and at_line_start(prefix)
+        single = is_single_line(suffix) and not line_start
         return cls(time_limit_s, n_indent, single, first_suffix_line(suffix), open_brackets(prefix, suffix),
-                   blank_line=not single)
+                   blank_line=not single, line_start=line_start)
 
     def cut(self, text: str, new_from: int, elapsed_s: float, final: bool = False) -> tuple[int, str] | None:
         """(where the completion ends, why) or None to go on. `new_from`: where the text added by
@@ -158,16 +168,21 @@ class EditorGuards:
             pos = blank_line_cut(text)
             if pos is not None:
                 cuts.append((pos, "blank_line"))
-        if cuts:
-            return min(cuts)
-        if self.time_limit_s is not None and elapsed_s > self.time_limit_s and "\n" in text[new_from:]:
-            return len(text), "time_limit"
-        return None
+        if not cuts and self.time_limit_s is not None and elapsed_s > self.time_limit_s and "\n" in text[new_from:]:
+            cuts.append((len(text), "time_limit"))
+        if not cuts:
+            return None
+        pos, why = min(cuts)
+        if self.line_start:  # back to the end of the last whole line, its newline kept
+            pos = text.rfind("\n", 0, pos + 1) + 1
+        return pos, why
 
     def holds(self, text: str) -> int:
         """How many characters at the end not to stream yet: a last line that may still turn
         out to repeat the suffix, or to be a blank line (with the newline before it)."""
         line = text[text.rfind("\n") + 1:]
+        if self.line_start:
+            return len(line)
         blank = len(line) + 1 if self.blank_line and "\n" in text and not line.strip() else 0
         return max(blank, self._repeat_hold(text, line))
 
