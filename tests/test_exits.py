@@ -168,6 +168,24 @@ def test_check_counts_parse_and_refuse_in_one_line():
             check_counts(bad)
 
 
+@pytest.mark.model
+def test_a_shortlist_always_holds_the_end_tokens(smollm):
+    """Source files never hold `<|endoftext|>`: without its row an exit that emits from the
+    shortlist alone (`emit=short`) could not end a completion."""
+    from dyncomplete.engine import eos_ids_of
+    from dyncomplete.exits.shortlist import Shortlist, shortlist_ids
+
+    ends = eos_ids_of(smollm)
+    assert ends and not ends <= set(shortlist_ids(smollm, 64))
+    short = Shortlist(smollm, 64)
+    assert ends <= short.members and short.size == len(short.ids) == 64 + len(ends - set(shortlist_ids(smollm, 64)))
+    normed = smollm.final_norm(torch.randn(1, 1, smollm.hidden_size))
+    full = smollm.head(normed).float().reshape(-1)
+    row = short.for_request().spread(short.logits(normed).reshape(-1))
+    for t in ends:
+        assert torch.isfinite(row[t]) and torch.allclose(row[t], full[t], atol=1e-4)
+
+
 def test_tokens_rank_by_how_often_the_files_use_them_and_fill_a_shortlist(tmp_path, monkeypatch):
     """`rank-tokens`: most frequent first, ties by the lower id; a shortlist takes the ranked ids,
     then the lowest ids it lacks; a model without the artefact gets the lowest ids."""

@@ -3,7 +3,8 @@ sampling, the method base with its prefill, token healing and the prompt builder
 
 from .emitter import Emitter
 from .guards import EditorGuards
-from .method import DecodingMethod, eos_ids_of, prefill
+from ..models.end_tokens import eos_ids_of
+from .method import DecodingMethod, prefill
 from .params import MAX_NEW_TOKENS_LIMIT, GenerationParams
 from .prompts import DEFAULT_CONTEXT_BUDGET, Prompt, build_prompt
 from .stats import Completion, Stats

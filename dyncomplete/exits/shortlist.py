@@ -9,7 +9,10 @@ writes and the package ships; then, for a model without one, the lowest BPE ids 
 merges, the most frequent pieces of the tokenizer's own training text).
 
 Code is full of rare identifier tokens that the request's own text holds, so each request adds
-the tokens of its context (`Shortlist.for_request`, as the self-drafter always did).
+the tokens of its context (`Shortlist.for_request`, as the self-drafter always did). The model's
+end-of-generation tokens are always rows too: source files never hold them, and without them a
+token chosen from the shortlist alone could never end a completion (a tuned model ends a middle
+with `<|endoftext|>`).
 
 Softmax over the shortlist only can overstate confidence and margin (the denominator misses the
 other rows), never understate them while the top token is in the list; so an exit that the
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.end_tokens import eos_ids_of
 from . import artefacts
 
 DEFAULT_SIZE = 4096  # rows to decide on
@@ -72,8 +76,9 @@ class Shortlist:
         if size < 2:
             raise ValueError(f"a shortlist needs at least 2 rows, got {size}")
         self.model = model
-        self.size = min(size, model.vocab_size)
-        self.ids = shortlist_ids(model, self.size)
+        ranked = shortlist_ids(model, min(size, model.vocab_size))
+        self.ids = ranked + sorted(t for t in eos_ids_of(model) - set(ranked) if t < model.vocab_size)
+        self.size = len(self.ids)
         self.members = set(self.ids)
         self.index = torch.tensor(self.ids)
         weight = model.lm_head.weight[self.index]
