@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import ids_of, stdlib_prompts
 
-from dyncomplete.engine import GenerationParams, Stats
+from dyncomplete.engine import GenerationParams, Stats, eos_ids_of
 from dyncomplete.exits.heads import lens_heads, load_heads
 from dyncomplete.exits.policies import make_policy
 from dyncomplete.methods import make_method
@@ -145,7 +145,9 @@ def test_an_exit_with_emit_short_chooses_from_the_shortlist_and_skips_the_full_h
     assert out.stats.head_evals == 1
     shortlist = short.shortlist.for_request()
     shortlist.grow(ids)
-    assert len(shortlist.base.ids) == 2048 and shortlist.base.ids != list(range(2048))  # ranked, not the lowest ids
+    ranked, ends = shortlist.base.ids[:2048], set(shortlist.base.ids[2048:])
+    assert ranked != list(range(2048))  # ranked, not the lowest ids
+    assert ends == eos_ids_of(smollm_int4) - set(ranked) and ends  # then the end tokens the ranking lacks
     tokens = out.token_ids
     cache, stats = smollm_int4.new_cache(), Stats()
     smollm_int4.forward(torch.tensor(ids), cache)

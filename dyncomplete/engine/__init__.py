@@ -1,9 +1,9 @@
 """What every decoding method shares: parameters, stats, the emitter and its editor guards,
 sampling, the method base with its prefill, token healing and the prompt builder."""
 
+from ..models.end_tokens import eos_ids_of
 from .emitter import Emitter
 from .guards import EditorGuards
-from ..models.end_tokens import eos_ids_of
 from .method import DecodingMethod, prefill
 from .params import MAX_NEW_TOKENS_LIMIT, GenerationParams
 from .prompts import DEFAULT_CONTEXT_BUDGET, Prompt, build_prompt

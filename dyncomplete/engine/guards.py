@@ -179,7 +179,8 @@ class EditorGuards:
 
     def holds(self, text: str) -> int:
         """How many characters at the end not to stream yet: a last line that may still turn
-        out to repeat the suffix, or to be a blank line (with the newline before it)."""
+        out to repeat the suffix, or to be a blank line (with the newline before it); at a line's
+        start, any unfinished last line."""
         line = text[text.rfind("\n") + 1:]
         if self.line_start:
             return len(line)
