@@ -138,8 +138,9 @@ class EditorGuards:
     @classmethod
     def for_cursor(cls, prefix: str, suffix: str | None, time_limit_s: float | None = None,
                    n_indent: int = 0) -> "EditorGuards":
-        line_start = is_single_line(suffix) and at_line_start(prefix)
-        single = is_single_line(suffix) and not line_start
+        text_after = is_single_line(suffix)
+        line_start = text_after and at_line_start(prefix)
+        single = text_after and not line_start
         return cls(time_limit_s, n_indent, single, first_suffix_line(suffix), open_brackets(prefix, suffix),
                    blank_line=not single, line_start=line_start)
 
