@@ -915,29 +915,52 @@ typedef struct {
     int capacity;
 } segment_t;
 
+/* Output features first..first + count - 1 of `lin` (first a multiple of BLOCK) as a product of
+ * their own: each feature gets the bits the whole product gives it, as a block's arithmetic never
+ * depends on the blocks beside it. */
+static linear_t feature_range(const linear_t *lin, int first, int count) {
+    linear_t part = *lin;
+    size_t skipped = (size_t)(first / BLOCK) * (lin->in / GROUP); /* (block, group) pairs before it */
+    part.q += skipped * GROUP_BYTES(lin->bits);
+    part.scales += skipped * BLOCK, part.zeros += skipped * BLOCK;
+    if (part.bias) part.bias += first;
+    part.out = count;
+    return part;
+}
+
 /* The first half of a layer: hidden (rows, hidden) bf16 -> h (its float copy), the input norm,
  * queries, keys and values with rotary embedding in qkv (rows, (H + 2 KV) d); each segment's
- * keys and values written in its cache slots. cos/sin: the rows' rotary rows (rows, head_dim). */
+ * keys and values written in its cache slots. cos/sin: the rows' rotary rows (rows, head_dim).
+ * Without `queries` (keys and values projected for skipped layers) the fused product skips the
+ * queries' features where they fill whole blocks: qkv then holds (rows, 2 KV d), the same bits. */
 static void project_qkv(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, const segment_t *seg, int segs,
-                        const uint16_t *cos, const uint16_t *sin, float *h, float *x, float *qkv, float *scratch) {
+                        const uint16_t *cos, const uint16_t *sin, float *h, float *x, float *qkv, float *scratch,
+                        int queries) {
     int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim;
-    int nqkv = (H + 2 * KV) * d, rows = 0;
+    int skip = !queries && (H * d) % BLOCK == 0 ? H * d : 0; /* leading features not computed */
+    int width = (H + 2 * KV) * d - skip, key0 = H * d - skip, rows = 0;
     for (int s = 0; s < segs; s++) rows += seg[s].rows;
 #pragma omp parallel for if (rows > 1) schedule(static)
     for (int r = 0; r < rows; r++) {
         for (long i = (long)r * Hd; i < (long)(r + 1) * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
         rms_norm(h + (size_t)r * Hd, 1, Hd, ly->in_norm, dm->eps, x + (size_t)r * Hd);
     }
-    linear_f32(&ly->qkv, x, rows, scratch, qkv);
+    if (skip) {
+        linear_t kv = feature_range(&ly->qkv, skip, width);
+        linear_f32(&kv, x, rows, scratch, qkv);
+    } else {
+        linear_f32(&ly->qkv, x, rows, scratch, qkv);
+    }
     for (int s = 0, r = 0; s < segs; s++)
         for (int i = 0; i < seg[s].rows; i++, r++) {
-            float *row = qkv + (size_t)r * nqkv;
-            for (int k = 0; k < H + KV; k++) rope(row + k * d, d, cos + (size_t)r * d, sin + (size_t)r * d);
+            float *row = qkv + (size_t)r * width;
+            for (int k = skip ? H : 0; k < H + KV; k++)
+                rope(row + k * d - skip, d, cos + (size_t)r * d, sin + (size_t)r * d);
             int pos = seg[s].start + i, cap = seg[s].capacity;
             for (int k = 0; k < KV; k++)
                 for (int j = 0; j < d; j++) {
-                    seg[s].keys[((size_t)k * d + j) * cap + pos] = f32_to_bf16(row[(H + k) * d + j]);
-                    seg[s].values[((size_t)k * cap + pos) * d + j] = f32_to_bf16(row[(H + KV + k) * d + j]);
+                    seg[s].keys[((size_t)k * d + j) * cap + pos] = f32_to_bf16(row[key0 + k * d + j]);
+                    seg[s].values[((size_t)k * cap + pos) * d + j] = f32_to_bf16(row[key0 + (KV + k) * d + j]);
                 }
         }
 }
@@ -955,7 +978,7 @@ static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *h
     float *q = att + (size_t)rows * H * d, *gu = q + (size_t)rows * H * d, *act = gu + (size_t)rows * 2 * I;
     float *scratch = act + (size_t)rows * I;
 
-    project_qkv(dm, ly, hidden, seg, segs, cos, sin, h, x, qkv, scratch);
+    project_qkv(dm, ly, hidden, seg, segs, cos, sin, h, x, qkv, scratch, 1);
     /* queries packed (rows, H, d) for attention */
     for (int r = 0; r < rows; r++) memcpy(q + (size_t)r * H * d, qkv + (size_t)r * nqkv, sizeof(float) * H * d);
     for (int s = 0, r = 0; s < segs; r += seg[s].rows, s++)
@@ -1038,7 +1061,7 @@ void layers_project_kv(const dims_t *dm, const layer_t *const *layers, int n, co
     float *h = ws, *x = h + (size_t)rows * Hd, *qkv = x + (size_t)rows * Hd, *scratch = qkv + (size_t)rows * nqkv;
     for (int i = 0; i < n; i++) {
         segment_t seg = one_segment(rows, start, NULL, keys, values, capacity, i);
-        project_qkv(dm, layers[i], hidden, &seg, 1, cos, sin, h, x, qkv, scratch);
+        project_qkv(dm, layers[i], hidden, &seg, 1, cos, sin, h, x, qkv, scratch, 0);
     }
 }
 
