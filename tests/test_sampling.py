@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dyncomplete.engine import GenerationParams
-from dyncomplete.engine.sampling import draw, make_generator, sample_index, sampling_probs
+from dyncomplete.engine.sampling import draw, greedy_index, greedy_indices, make_generator, sample_index, sampling_probs
 from dyncomplete.methods.verify import Draft, accept
 
 
@@ -13,6 +13,21 @@ def test_greedy_draws_the_argmax_without_a_distribution():
     logits = torch.tensor([0.1, 2.0, -1.0, 1.9])
     assert draw(logits, GenerationParams(), None) == (1, None)
     assert make_generator(GenerationParams()) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_greedy_picks_what_torch_argmax_picks_ties_and_nan_included(dtype):
+    """The first index of the largest value, whatever computes it (NumPy's argmax for CPU floats)."""
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(5, 151936, generator=g).round(decimals=1).to(dtype)  # rounded: many ties
+    rows[1, 7] = rows[1, 9] = rows[1].max() + 1  # a tie for the top: the first index wins
+    rows[2, 11] = float("nan")  # NaN counts as the largest, as in torch.argmax
+    expected = torch.argmax(rows, dim=-1).tolist()
+    assert expected[1] == 7 and expected[2] == 11
+    assert greedy_indices(rows) == expected
+    assert [greedy_index(row) for row in rows] == expected
+    assert greedy_index(rows[3].reshape(1, 1, -1)) == expected[3]  # a forward pass's (1, 1, vocab)
+    assert greedy_indices(rows[:, ::3]) == torch.argmax(rows[:, ::3], dim=-1).tolist()  # a strided view
 
 
 def test_top_p_keeps_the_smallest_set_over_p():

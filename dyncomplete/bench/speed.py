@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..engine.sampling import greedy_index
 from ..models import load
 from ..models.verify_cost import pass_times
 from ..paths import cpu_has_bf16, cpu_name
@@ -46,12 +47,12 @@ def measure(model, prompt_tokens: int = 480, new_tokens: int = 64, runs: int = 5
         cache = model.new_cache()
         start = time.perf_counter()
         logits = model.forward(prompt, cache)[0, -1]
-        tokens = [int(torch.argmax(logits))]  # on a GPU, this waits for the prefill
+        tokens = [greedy_index(logits)]  # on a GPU, this waits for the prefill
         prefill_tps.append(len(ids) / (time.perf_counter() - start))
         start = time.perf_counter()
         for k in range(new_tokens - 1):
             logits = model.forward(torch.tensor([tokens[-1]]), cache, start=len(ids) + k)[0, -1]
-            tokens.append(int(torch.argmax(logits)))
+            tokens.append(greedy_index(logits))
         decode_ms.append((time.perf_counter() - start) * 1000 / (new_tokens - 1))
         outputs.append(tokens)
     ms = statistics.median(decode_ms)

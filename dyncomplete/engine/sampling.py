@@ -22,6 +22,20 @@ def sampling_probs(logits: torch.Tensor, params: GenerationParams) -> torch.Tens
     return probs
 
 
+def greedy_indices(logits: torch.Tensor) -> list[int]:
+    """Each row's greedy token (logits (..., vocab)): the first index of its largest value, as
+    torch.argmax gives it. NumPy's argmax on CPU floats is vectorised where torch's is not, and
+    over a 150k-token vocabulary torch's was a visible share of a small model's decode step."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return logits.detach().numpy().argmax(axis=-1).reshape(-1).tolist()
+    return torch.argmax(logits, dim=-1).reshape(-1).tolist()
+
+
+def greedy_index(logits: torch.Tensor) -> int:
+    """The greedy token of one position's logits (any shape holding one vocabulary)."""
+    return greedy_indices(logits.reshape(1, -1))[0]
+
+
 def sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     """One index drawn with probability proportional to `weights` (1-D, nonnegative): one uniform
     number against the float64 cumulative sum of the nonzero weights. torch.multinomial draws one
@@ -38,7 +52,7 @@ def draw(logits: torch.Tensor, params: GenerationParams, generator: torch.Genera
          ) -> tuple[int, torch.Tensor | None]:
     """(the token, the distribution it was drawn from; None when greedy)."""
     if params.temperature == 0:
-        return int(torch.argmax(logits.reshape(-1))), None
+        return greedy_index(logits), None
     probs = sampling_probs(logits, params)
     return sample_index(probs, generator), probs
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.params import GenerationParams
-from ..engine.sampling import sample_index, sampling_probs
+from ..engine.sampling import greedy_index, greedy_indices, sample_index, sampling_probs
 
 
 @dataclass
@@ -90,7 +90,7 @@ def score(model, cache, last_token: int, draft: Draft, position: int) -> torch.T
 
 def accept_greedy(logits: torch.Tensor, tokens: list[int]) -> tuple[int, int]:
     """(number of drafted tokens accepted, the model's own next token after them)."""
-    choice = torch.argmax(logits, dim=-1).tolist()
+    choice = greedy_indices(logits)
     n = 0
     while n < len(tokens) and tokens[n] == choice[n]:
         n += 1
@@ -132,7 +132,7 @@ def accept_tree(logits: torch.Tensor, draft: Draft, params: GenerationParams,
         children.setdefault((parent + 1, token), i)
     path, row = [], 0
     while True:
-        token = (int(torch.argmax(logits[row])) if params.temperature == 0
+        token = (greedy_index(logits[row]) if params.temperature == 0
                  else sample_index(sampling_probs(logits[row], params), generator))
         child = children.get((row, token))
         if child is None:
