@@ -945,12 +945,8 @@ static void project_qkv(const dims_t *dm, const layer_t *ly, const uint16_t *hid
         for (long i = (long)r * Hd; i < (long)(r + 1) * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
         rms_norm(h + (size_t)r * Hd, 1, Hd, ly->in_norm, dm->eps, x + (size_t)r * Hd);
     }
-    if (skip) {
-        linear_t kv = feature_range(&ly->qkv, skip, width);
-        linear_f32(&kv, x, rows, scratch, qkv);
-    } else {
-        linear_f32(&ly->qkv, x, rows, scratch, qkv);
-    }
+    linear_t product = skip ? feature_range(&ly->qkv, skip, width) : ly->qkv;
+    linear_f32(&product, x, rows, scratch, qkv);
     for (int s = 0, r = 0; s < segs; s++)
         for (int i = 0; i < seg[s].rows; i++, r++) {
             float *row = qkv + (size_t)r * width;
