@@ -34,9 +34,11 @@ class Collected:
         return len(self.top_ids)
 
 
-def code_chunks(tokenizer, split: str, tokens: int, chunk: int = CHUNK, seed: int = 0) -> list[list[int]]:
-    """Chunks of `chunk` tokens, one from each of shuffled files of the split, until `tokens`."""
-    files = source_files(split=split)
+def code_chunks(tokenizer, split: str, tokens: int, chunk: int = CHUNK, seed: int = 0, root=None,
+                lang: str = "python") -> list[list[int]]:
+    """Chunks of `chunk` tokens, one from each of shuffled files of the split, until `tokens`
+    (`root`, `lang`: another corpus than the standard library, as `source_files` takes them)."""
+    files = source_files(root, lang, split=split)
     random.Random(seed).shuffle(files)
     chunks, total = [], 0
     for path in files:
