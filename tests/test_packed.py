@@ -57,6 +57,22 @@ def test_a_snapshot_loads_the_same_model_bit_for_bit(test_smollm):
     assert torch.equal(greedy_logits(built), greedy_logits(mapped))
 
 
+def test_a_model_built_this_run_runs_a_shallow_prompt_through_pytorch(test_smollm, monkeypatch):
+    """The first load builds the engine from trainable modules; a `prompt=L` pass over a prompt
+    longer than SHORT_QUERY on PyTorch's path (prompts' path on CPUs with AMX) ran its layers
+    with autograd on and failed on the weights' views (the README's first command on a Xeon)."""
+    from dyncomplete.engine import GenerationParams
+    from dyncomplete.methods import make_method
+
+    built = int4([])
+    monkeypatch.setattr(built.engines["fast"], "native_prefill", False)
+    ids = built.tokenizer("def mean(values):\n    total = 0\n    for v in values:\n        total += v\n")["input_ids"]
+    assert len(ids) > 16
+    out = make_method("early-exit:static@18/kv=propagate/prompt=18", built).generate(
+        built, ids, GenerationParams(max_new_tokens=4))
+    assert len(out.token_ids) == 4
+
+
 def test_a_damaged_snapshot_is_refused_with_what_to_delete(test_smollm):
     int4()
     shard = test_smollm / "shard-1.pt"

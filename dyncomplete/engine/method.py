@@ -88,7 +88,8 @@ class DecodingMethod:
         cache = cache if cache is not None else model.new_cache()
         stats = Stats(model=model.name, method=self.name)
         prompt_ids, heal = healing.heal_prompt(model.tokenizer, prompt_ids, params.token_healing)
-        logits = prefill(model, prompt_ids, cache, stats, cancelled, self.prompt_pass)
+        with torch.inference_mode():  # a method's own prompt pass too (`prompt=L` runs layers directly)
+            logits = prefill(model, prompt_ids, cache, stats, cancelled, self.prompt_pass)
         if logits is None:
             stats.stopped_by = "cancelled"
             return Completion("", [], stats)
