@@ -189,8 +189,9 @@ class FastEngine:
             self.lm_head = linear("lm_head", head.weight, head.bias)
         self.embedding = decoder.core.embed_tokens.weight
         # prompts through decode.c too, except where oneDNN's bfloat16 GEMM runs on AMX tiles: on
-        # the AMX Xeon it prefilled 2.2x faster than decode.c; on AVX512-BF16 alone (AMD Zen 4)
-        # decode.c was 1.3x faster (docs/results.md)
+        # the AMX Xeon it prefilled 1.7x faster than decode.c (1.4x with AMX's integer products in
+        # decode.c, not kept); on AVX512-BF16 alone (AMD Zen 4) decode.c was 1.3x faster
+        # (docs/results.md)
         self.native_prefill = self.native is not None and not cpu_has_amx()
 
     def _native_layers(self) -> bindings.Layers:
