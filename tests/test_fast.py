@@ -12,11 +12,12 @@ from helpers import rows_may_depend_on_count, same_bits_alone_and_in_a_pass, std
 
 from dyncomplete import methods
 from dyncomplete.engine import GenerationParams
+from dyncomplete.engine.method import PREFILL_CHUNK
 from dyncomplete.methods.baseline import Baseline
 from dyncomplete.methods.verify import Draft, commit_path, score
 from dyncomplete.models import LayeredModel, load
 from dyncomplete.models.attention import SHORT_QUERY
-from dyncomplete.models.fast import PROMPT_CHUNK
+from dyncomplete.models.fast import AMX_NATIVE_PROMPT, PROMPT_CHUNK
 from dyncomplete.models.weights import Linear, quantize_levels
 from dyncomplete.paths import cpu_has_bf16
 from dyncomplete.models.verify_cost import measure_verify_cost
@@ -212,24 +213,41 @@ def test_lookup_is_identical_to_baseline_on_quantized_weights(quantized, request
 @pytest.mark.model
 @pytest.mark.parametrize("prompt", [17, 100, 2 * PROMPT_CHUNK + 44])
 def test_a_prompt_through_decode_c_gets_the_bits_of_one_token_steps(quantized, prompt):
-    """`native_prefill` (the default except on CPUs with AMX): a prompt in chunks of PROMPT_CHUNK
+    """`native_prompt_max` None (the default except on CPUs with AMX): a prompt in chunks of PROMPT_CHUNK
     positions gives the last logits and the cache that feeding its tokens one at a time gives, on
     any CPU."""
     engine = quantized.engines["fast"]
     ids = long_ids(quantized, prompt)
-    default = engine.native_prefill
-    engine.native_prefill = True
+    default = engine.native_prompt_max
+    engine.native_prompt_max = None
     try:
         whole, stepped = quantized.new_cache(), quantized.new_cache()
         last = quantized.forward(torch.tensor(ids), whole)
         steps = [quantized.forward(torch.tensor([t]), stepped) for t in ids]
     finally:
-        engine.native_prefill = default
+        engine.native_prompt_max = default
     assert torch.equal(last, steps[-1])
     assert whole.lengths == stepped.lengths == [prompt] * quantized.num_layers
     assert all(torch.equal(whole.keys[i][..., :prompt], stepped.keys[i][..., :prompt]) and
                torch.equal(whole.values[i][0, :, :prompt], stepped.values[i][0, :, :prompt])
                for i in range(quantized.num_layers))
+
+
+@pytest.mark.model
+def test_with_amx_a_prompt_part_up_to_the_limit_runs_in_decode_c_and_joins_batches(quantized, monkeypatch):
+    """Where the CPU has AMX, long prompts take oneDNN's GEMM, but parts of up to AMX_NATIVE_PROMPT
+    positions (the server's parts of PREFILL_CHUNK) go through decode.c: one-token steps' bits,
+    and a continuous batch may take them."""
+    engine = quantized.engines["fast"]
+    monkeypatch.setattr(engine, "native_prompt_max", AMX_NATIVE_PROMPT)
+    ids = long_ids(quantized, 40 + PREFILL_CHUNK)
+    whole, stepped = quantized.new_cache(), quantized.new_cache()
+    quantized.fill(ids[:40], whole)
+    last = quantized.forward(torch.tensor(ids[40:]), whole)
+    steps = [quantized.forward(torch.tensor([t]), stepped) for t in ids]
+    assert torch.equal(last, steps[-1])
+    assert quantized.batchable(whole, len(ids), PREFILL_CHUNK)
+    assert not quantized.batchable(whole, len(ids), AMX_NATIVE_PROMPT + 1)
 
 
 @pytest.mark.model

@@ -63,7 +63,7 @@ def test_portable_builds_run_whole_layers_to_nearly_the_same_logits(portable, sm
     own rows), then one-token steps, in each build: the same logits to rounding (the portable
     loops' expf and norms round differently from the vector versions; products do not)."""
     model = smollm_int4
-    monkeypatch.setattr(model.engines["fast"], "native_prefill", True)
+    monkeypatch.setattr(model.engines["fast"], "native_prompt_max", None)
     ids = model.tokenizer(open(json.decoder.__file__).read()).input_ids[:45]
 
     def run():

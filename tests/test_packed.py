@@ -59,15 +59,16 @@ def test_a_snapshot_loads_the_same_model_bit_for_bit(test_smollm):
 
 def test_a_model_built_this_run_runs_a_shallow_prompt_through_pytorch(test_smollm, monkeypatch):
     """The first load builds the engine from trainable modules; a `prompt=L` pass over a prompt
-    longer than SHORT_QUERY on PyTorch's path (prompts' path on CPUs with AMX) ran its layers
+    longer than SHORT_QUERY on PyTorch's path (long prompts' path on CPUs with AMX) ran its layers
     with autograd on and failed on the weights' views (the README's first command on a Xeon)."""
     from dyncomplete.engine import GenerationParams
+    from dyncomplete.models.attention import SHORT_QUERY
     from dyncomplete.methods import make_method
 
     built = int4([])
-    monkeypatch.setattr(built.engines["fast"], "native_prefill", False)
+    monkeypatch.setattr(built.engines["fast"], "native_prompt_max", SHORT_QUERY)
     ids = built.tokenizer("def mean(values):\n    total = 0\n    for v in values:\n        total += v\n")["input_ids"]
-    assert len(ids) > 16
+    assert len(ids) > SHORT_QUERY
     out = make_method("early-exit:static@18/kv=propagate/prompt=18", built).generate(
         built, ids, GenerationParams(max_new_tokens=4))
     assert len(out.token_ids) == 4

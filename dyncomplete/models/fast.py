@@ -55,10 +55,15 @@ from .weights import BITS, QUANTS, Linear
 
 FAST_KINDS = ("llama", "qwen2")
 SPAN = 256  # short-query attention reads the cache in whole multiples of this many positions
-# prompt positions per call of decode.c (`native_prefill`; the scratch of `bindings.Layers`): a
+# prompt positions per call of decode.c (`native_prompt_max`; the scratch of `bindings.Layers`): a
 # call streams every weight from memory once, so longer calls read them less often (AMD Zen 4,
 # Qwen 0.5B: 16 -> 128 rows 1.2x; 512 no more)
 PROMPT_CHUNK = 128
+# the longest prompt part (positions of one pass) decode.c takes on CPUs with AMX, where oneDNN's
+# bfloat16 GEMM prefills long prompts faster but costs about as much for a few tokens as for 90:
+# 32 new tokens after 480 cached took 45 ms against 85 on the AMX Xeon, 96 tokens 120 against
+# 126, 256 tokens 320 against 210 (Qwen 0.5B, docs/results.md)
+AMX_NATIVE_PROMPT = 96
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose frequencies never change
 
 
@@ -188,11 +193,11 @@ class FastEngine:
             head = decoder.lm_head
             self.lm_head = linear("lm_head", head.weight, head.bias)
         self.embedding = decoder.core.embed_tokens.weight
-        # prompts through decode.c too, except where oneDNN's bfloat16 GEMM runs on AMX tiles: on
-        # the AMX Xeon it prefilled 1.7x faster than decode.c (1.4x with AMX's integer products in
-        # decode.c, not kept); on AVX512-BF16 alone (AMD Zen 4) decode.c was 1.3x faster
-        # (docs/results.md)
-        self.native_prefill = self.native is not None and not cpu_has_amx()
+        # prompts through decode.c too (None: at any length), except long ones where oneDNN's
+        # bfloat16 GEMM runs on AMX tiles: there it prefilled 512 tokens 1.7x faster than decode.c
+        # (1.4x with AMX's integer products in decode.c, not kept); on AVX512-BF16 alone (AMD
+        # Zen 4) decode.c was 1.3x faster (docs/results.md)
+        self.native_prompt_max = AMX_NATIVE_PROMPT if cpu_has_amx() else None
 
     def _native_layers(self) -> bindings.Layers:
         """decode.c's view of every layer (pointers into this engine's tensors); the layers run
@@ -314,8 +319,8 @@ class FastEngine:
             cache.lengths[i] += hidden.shape[1]
 
     def run_native(self, layers: range, hidden: torch.Tensor, ctx: StepContext, cache: KVCache | None):
-        """`layers` in one call of decode.c where `_native_room` allows it (a prompt, with
-        `native_prefill`, in calls of PROMPT_CHUNK positions); None otherwise (the caller takes
+        """`layers` in one call of decode.c where `_native_room` allows it (a prompt up to
+        `native_prompt_max` positions, in calls of PROMPT_CHUNK); None otherwise (the caller takes
         the PyTorch path). Causal (or tree) attention over the cache, no mask tensor needed; the
         same bits whether the layers run in one call or one call each, and a prompt's positions
         the bits one-token steps would give them."""
@@ -354,13 +359,19 @@ class FastEngine:
                 cache.lengths[j] += 1
         return exit_layer, out
 
+    def native_prompt(self, q_len: int) -> bool:
+        """Whether a chain of q_len positions may run through decode.c: a short query always, a
+        longer one (a prompt's part) up to `native_prompt_max`."""
+        limit = self.native_prompt_max
+        return q_len <= SHORT_QUERY or limit is None or q_len <= limit
+
     def batchable(self, cache: KVCache | None, start: int, q_len: int) -> bool:
         """Whether `run_batch` takes a chain of q_len tokens at `start` that follows `cache`'s
         contents, in chunks of at most SHORT_QUERY tokens: every layer native, a longer chain only
-        where `native_prefill` runs prompts in such chunks too, the cache as long in every layer."""
+        where `native_prompt` takes a chain that long, the cache as long in every layer."""
         if self.native is None or cache is None or not self.native.all_native:
             return False
-        if q_len > SHORT_QUERY and not self.native_prefill:
+        if not self.native_prompt(q_len):
             return False
         return all(length == start for length in cache.lengths)
 
@@ -389,7 +400,7 @@ class FastEngine:
         step's positions follow (for a token tree, the slot its first row takes). Then (start,
         each layer's key buffer grown to hold the step); else None."""
         q_len = hidden.shape[1]
-        long_prompt = q_len > SHORT_QUERY and not (self.native_prefill and ctx.tree_parents is None)
+        long_prompt = q_len > SHORT_QUERY and not (self.native_prompt(q_len) and ctx.tree_parents is None)
         if self.native is None or cache is None or long_prompt:
             return None
         start = cache.lengths[layers[0]]

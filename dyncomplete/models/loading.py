@@ -46,7 +46,7 @@ def load_dtype(dtype: str, device: str, quant: str, engine: str, config: Path) -
     """`resolve_dtype`, but `auto` is bfloat16 also on a CPU without bfloat16 instructions where the
     native kernels will run (llama or qwen2 by `config`, `--quant auto`, `int4` or `int8`): decode.c computes
     in int8 and float32 and only stores bfloat16, and its prompts then run there too
-    (`native_prefill`). A `config` that cannot be read (a hub id's) keeps `resolve_dtype`'s choice."""
+    (`FastEngine.native_prompt`). A `config` that cannot be read (a hub id's) keeps `resolve_dtype`'s choice."""
     chosen = resolve_dtype(dtype, device)
     native_quant = quant in BITS or quant == "auto"
     if dtype != "auto" or chosen != torch.float32 or device != "cpu" or engine == "hf" or not native_quant:

@@ -5,7 +5,7 @@ group, 256 or 16 levels) with the native kernels of `native/decode.c`. Both give
 result at any row count (checked by the tests), so verification passes stay identical to
 one-token decoding. Inputs of more than `SHORT_QUERY` rows (prompts) multiply by the plain
 `weight` instead, where GEMM kernels win (the fast engine stores the dequantized weights there)
-and `FastEngine.native_prefill` does not send them through decode.c.
+and `FastEngine.native_prompt` does not send them through decode.c.
 """
 
 from __future__ import annotations

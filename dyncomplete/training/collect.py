@@ -62,7 +62,7 @@ def collect(model, layers, chunks, top_k: int = 16, progress: bool = True) -> Co
     for ids in tqdm(chunks, desc="collect", disable=not progress, unit="chunk"):
         ctx = model.context(torch.arange(len(ids)))
         h = model.embed(torch.tensor(ids), ctx)
-        cache = model.new_cache()  # with a cache, a prompt takes the path decoding takes (native_prefill)
+        cache = model.new_cache()  # with a cache, a prompt takes the path decoding takes (native_prompt)
         for i in range(model.num_layers):
             h = model.run_layer(i, h, ctx, cache)
             if i + 1 in hidden:
