@@ -1,13 +1,16 @@
 """Snapshots of the int4 engine's weights (`models/packed.py`, issue 31 item 3): made once, then
 loaded as the same model bit for bit, checked against their digest, made again when what they
-were made from changes."""
+were made from changes; the model built in the run that makes one runs every prompt path."""
 
 import re
 
 import pytest
 import torch
 
+from dyncomplete.engine import GenerationParams
+from dyncomplete.methods import make_method
 from dyncomplete.models import ModelError, load, packed
+from dyncomplete.models.attention import SHORT_QUERY
 from test_models import copy_of_smollm, with_spec
 
 pytestmark = pytest.mark.model
@@ -61,10 +64,6 @@ def test_a_model_built_this_run_runs_a_shallow_prompt_through_pytorch(test_smoll
     """The first load builds the engine from trainable modules; a `prompt=L` pass over a prompt
     longer than SHORT_QUERY on PyTorch's path (long prompts' path on CPUs with AMX) ran its layers
     with autograd on and failed on the weights' views (the README's first command on a Xeon)."""
-    from dyncomplete.engine import GenerationParams
-    from dyncomplete.models.attention import SHORT_QUERY
-    from dyncomplete.methods import make_method
-
     built = int4([])
     monkeypatch.setattr(built.engines["fast"], "native_prompt_max", SHORT_QUERY)
     ids = built.tokenizer("def mean(values):\n    total = 0\n    for v in values:\n        total += v\n")["input_ids"]
