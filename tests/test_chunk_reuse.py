@@ -8,7 +8,7 @@ import torch
 
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods.baseline import Baseline
-from dyncomplete.models import layered
+from dyncomplete.models import KVCache, layered
 from dyncomplete.models.rotary import rotate_keys, shift_frequencies
 from dyncomplete.serve.chunk_reuse import Chunk, plan_chunks, split_stale
 from dyncomplete.serve.prefix_cache import PrefixCache
@@ -38,6 +38,29 @@ def test_positions_copied_to_the_limit_are_prefilled_again_and_the_common_prefix
     assert split_stale(chunks, copies, 2, 8) == [Chunk(0, 10, 0), Chunk(13, 23, 10), Chunk(28, 60, 25)]
     assert split_stale(chunks, copies, 1, 8) == [Chunk(0, 10, 0), Chunk(13, 23, 10)]
     assert split_stale(chunks, [0] * 16 + [3] + [0] * 48, 3, 8) == [Chunk(0, 10, 0), Chunk(20, 60, 17)]  # 6 left: dropped
+
+
+def test_near_the_cursor_only_the_positions_around_it_are_prefilled_again():
+    chunks = [Chunk(0, 10, 0), Chunk(13, 60, 10)]
+    copies = [0] * 10 + [2] * 50  # the whole moved chunk reached the limit
+    assert split_stale(chunks, copies, 2, 8) == [Chunk(0, 10, 0)]
+    assert split_stale(chunks, copies, 2, 8, guarded=(20, 30)) == [Chunk(0, 10, 0), Chunk(30, 60, 27)]  # 13..19: 7, under the minimum
+    assert split_stale(chunks, copies, 2, 8, guarded=(0, 13)) == chunks  # no moved position near the cursor
+
+
+def test_the_cache_keeps_the_limit_near_the_cursor_it_is_given():
+    old, new = list(range(100)), list(range(40)) + [900, 901, 902] + list(range(40, 100))
+    stored = KVCache(1)
+    stored.update(torch.zeros(1, 1, 100, 4), torch.zeros(1, 1, 100, 4), 0)
+    stored.copies = [0] * 40 + [2] * 60  # the part after the insertion reached the limit
+    cache = PrefixCache(2**20, min_chunk=8, inv_freq=torch.ones(2), copy_limit=2, near=10)
+    assert cache.store(old, stored)
+    kv, reused = cache.lookup(new)  # no cursor: the limit everywhere
+    assert reused == 40 and kv.holes == []
+    kv, reused = cache.lookup(new, cursor=80)  # new positions 70..89 prefilled again, the rest copied
+    assert reused == 40 + 27 + 13 and kv.holes == [(40, 43), (70, 90)]
+    with pytest.raises(ValueError, match="cursor"):
+        PrefixCache(2**20, near=-1)
 
 
 def test_rotating_a_key_by_d_gives_the_key_at_the_position_d_further():

@@ -19,6 +19,7 @@ def test_budget_keeps_the_end_of_the_prefix(smollm):
     p = build_prompt(smollm.tokenizer, prefix, budget=64)
     text = smollm.tokenizer.decode(p.ids)
     assert 48 <= len(p.ids) <= 64 and p.truncated  # cut at a stable line start (window.stable_prefix)
+    assert p.cursor == len(p.ids)  # without a suffix the cursor is the prompt's end
     assert text.endswith("x399 = 399\n") and text.startswith("x")
 
 
@@ -48,11 +49,12 @@ def test_fim_layout_and_budget_split():
     tok = FimTokenizer()
     p = build_prompt(tok, "abc", "xyz", cursor_line="prefix")
     assert p.fim and p.ids == [1000, 97, 98, 99, 1001, 120, 121, 122, 1002]
+    assert p.cursor == 4  # the suffix marker: the text before the cursor ends there, the text after starts
     p = build_prompt(tok, "a" * 100, "b" * 100, budget=44)
     assert len(p.ids) == 44 and p.truncated
     # the prefix is cut to at most three quarters of the budget (one line: its last 32 of 33), the
     # suffix keeps its start in a quarter of the room (10 of 41), and the prefix its end in the rest
-    assert p.ids[1:32] == [97] * 31 and p.ids[32] == 1001
+    assert p.ids[1:32] == [97] * 31 and p.ids[32] == 1001 and p.cursor == 32
     assert p.ids[33:43] == [98] * 10
 
 

@@ -59,7 +59,7 @@ def run(args) -> int:
                         max_tokens_limit=args.max_tokens_limit, context_budget=args.context_budget,
                         suffix_budget=args.suffix_budget, cursor_line=args.cursor_line,
                         cache_bytes=int(args.cache_mb * 2**20), cache_reuse=args.cache_reuse,
-                        cache_reuse_copies=args.cache_reuse_copies,
+                        cache_reuse_copies=args.cache_reuse_copies, cache_reuse_near=args.cache_reuse_near,
                         client_memory=args.client_memory == "on",
                         ngram_cache=args.ngram_cache == "on", suggestions=args.suggestions == "on",
                         prefetch=args.prefetch == "on", verify_budget=args.verify_budget)
@@ -144,6 +144,9 @@ def register(sub) -> None:
     p.add_argument("--cache-reuse-copies", type=positive(int, zero=True), default=2, metavar="N",
                    help="with --cache-reuse: a position copied N times is prefilled again, so that reused text "
                         "does not drift from what a prefill gives (0: no limit)")
+    p.add_argument("--cache-reuse-near", type=positive(int, zero=True), default=64, metavar="N",
+                   help="with --cache-reuse-copies: the limit holds for the N positions on either side of the "
+                        "cursor only, so that a moved suffix is not prefilled again all at once (0: everywhere)")
     p.add_argument("--client-memory", default="on", choices=["on", "off"],
                    help="remember the files each editor sends (input_extra, the documents it edits) and add "
                         "the best-matching windows of them to its prompts (a request opts out with "

@@ -44,6 +44,7 @@ class Prompt:
     truncated: bool
     notice: str = ""
     context_chunks: int = 0  # repository-context chunks that fit in the budget
+    cursor: int = 0  # where the text before the cursor ends in `ids` (FIM: the suffix marker; else the end)
 
 
 @cache
@@ -71,6 +72,7 @@ def build_prompt(tokenizer, prefix: str, suffix: str | None = None, budget: int 
     head, kept = render(tokenizer, context, budget // 2) if context and context.chunks else ([], 0)
     prompt = _file_prompt(tokenizer, prefix, suffix, budget - len(head), suffix_budget, cursor_line)
     prompt.ids = head + prompt.ids
+    prompt.cursor += len(head)
     prompt.context_chunks = kept
     return prompt
 
@@ -92,7 +94,8 @@ def _file_prompt(tokenizer, prefix: str, suffix: str | None, budget: int, suffix
         notice = "this model has no fill-in-the-middle tokens: the suffix is ignored"
     if fim is None:
         truncated = cut or len(pre) > budget
-        return Prompt(pre[-budget:], False, truncated, notice)
+        ids = pre[-budget:]
+        return Prompt(ids, False, truncated, notice, cursor=len(ids))
     suf = list(token_ids(tokenizer, suffix))
     cut_suffix = 0 < suffix_budget < len(suf)
     suf = suf[:suffix_budget] if cut_suffix else suf
@@ -103,4 +106,4 @@ def _file_prompt(tokenizer, prefix: str, suffix: str | None, budget: int, suffix
         suf = suf[:keep_suf]
         pre = pre[-(room - len(suf)) :] if room - len(suf) > 0 else []
     p, s, m = fim
-    return Prompt([p, *pre, s, *suf, m, *mid], True, cut or truncated or cut_suffix, notice)
+    return Prompt([p, *pre, s, *suf, m, *mid], True, cut or truncated or cut_suffix, notice, cursor=1 + len(pre))

@@ -12,7 +12,8 @@ A reused chunk keeps what it attended to when it was first computed, so a comple
 from a full prefill of the same prompt; the server's `--cache-reuse 0` turns it off. Copied again
 and again, a chunk drifts further from what a prefill would give (it attended to text that has
 since changed, and each rotation rounds its keys), so a position copied `limit` times is
-prefilled again (`split_stale`).
+prefilled again (`split_stale`), everywhere or only near the cursor, where the next tokens look
+most.
 """
 
 from __future__ import annotations
@@ -84,17 +85,21 @@ def copied(copies: list[int], position: int) -> int:
     return copies[position] if position < len(copies) else 0
 
 
-def split_stale(chunks: list[Chunk], copies: list[int], limit: int, min_tokens: int) -> list[Chunk]:
+def split_stale(chunks: list[Chunk], copies: list[int], limit: int, min_tokens: int,
+                guarded: tuple[int, int] | None = None) -> list[Chunk]:
     """`chunks` without the cached positions copied `limit` times already (`copies`), each moved
     chunk cut there into the runs of at least `min_tokens` tokens left. A chunk that stays in
-    place (the common prefix) is kept whole: it attends to the same text as before."""
+    place (the common prefix) is kept whole: it attends to the same text as before. `guarded`
+    (start, end): the limit holds for those new positions only (None: for all)."""
+    lo, hi = guarded if guarded is not None else (0, float("inf"))
     out = []
     for c in chunks:
         if c.start == c.source:
             out.append(c)
             continue
         offsets = range(c.end - c.start)
-        for usable, run in groupby(offsets, key=lambda j: copied(copies, c.source + j) < limit):
+        for usable, run in groupby(offsets, key=lambda j: copied(copies, c.source + j) < limit
+                                   or not lo <= c.start + j < hi):
             run = list(run)
             if usable and len(run) >= min_tokens:
                 out.append(Chunk(c.start + run[0], c.start + run[-1] + 1, c.source + run[0]))

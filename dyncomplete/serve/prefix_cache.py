@@ -11,7 +11,10 @@ a newer one is dropped, as the newer one serves every request the older one coul
 
 With `min_chunk` (and the model's rotary frequencies), a lookup also reuses later runs of one of
 the most recently used prompts at new positions (chunk_reuse.py), the one that gives the most:
-an approximation, off with 0. A position copied `copy_limit` times is prefilled again (0: no limit).
+an approximation, off with 0. A position copied `copy_limit` times is prefilled again (0: no limit);
+with `near`, only within `near` positions of the request's cursor. Moving down a file, every
+pause moves the whole suffix: a limit everywhere prefills all of it again at once every few
+pauses, while the drift that costs quality is in the lines next to the cursor.
 """
 
 from __future__ import annotations
@@ -40,14 +43,17 @@ class PrefixCache:
     """LRU of ((prompt depth, prompt token ids) -> KVCache holding exactly those positions),
     bounded by bytes."""
 
-    def __init__(self, max_bytes: int, min_chunk: int = 0, inv_freq=None, copy_limit: int = 0):
+    def __init__(self, max_bytes: int, min_chunk: int = 0, inv_freq=None, copy_limit: int = 0, near: int = 0):
         if max_bytes < 0:
             raise ValueError(f"prefix cache size must be >= 0 bytes, got {max_bytes}")
         if min_chunk < 0:
             raise ValueError(f"cache reuse needs chunks of >= 1 token (0: off), got {min_chunk}")
         if copy_limit < 0:
             raise ValueError(f"cache reuse copies a position at most N >= 1 times (0: no limit), got {copy_limit}")
+        if near < 0:
+            raise ValueError(f"the copy limit's reach around the cursor must be >= 0 positions (0: everywhere), got {near}")
         self.copy_limit = copy_limit
+        self.near = near
         self.max_bytes = max_bytes
         self.min_chunk = min_chunk if inv_freq is not None else 0
         self.inv_freq = inv_freq
@@ -63,10 +69,13 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, ids: list[int], touch: bool = True, depth: int | None = None) -> tuple[KVCache | None, int]:
+    def lookup(self, ids: list[int], touch: bool = True, depth: int | None = None,
+               cursor: int | None = None) -> tuple[KVCache | None, int]:
         """A private copy of the cache of `depth` sharing the longest token prefix with `ids`,
         cropped to that prefix, and its length; (None, 0) when no entry shares a token. `touch`
-        False (a prefetch): the entries' order of use and the counters stay as they were."""
+        False (a prefetch): the entries' order of use and the counters stay as they were.
+        `cursor`: the position of the cursor in `ids`, around which `near` keeps the copy limit."""
+        guarded = (cursor - self.near, cursor + self.near) if self.near and cursor is not None else None
         with self._lock:
             if touch:
                 self.counters.lookups += 1
@@ -79,7 +88,7 @@ class PrefixCache:
                     best_key, best = key, n
             chunks = []
             if self.min_chunk:
-                reused, recent, plan = max((self._reused_by(key, wanted) for key in self._recent(depth)),
+                reused, recent, plan = max((self._reused_by(key, wanted, guarded) for key in self._recent(depth)),
                                            default=(0, None, []), key=lambda c: c[0])  # ties: the most recent
                 if reused > best:
                     best_key, best, chunks = recent, reused, plan
@@ -102,11 +111,11 @@ class PrefixCache:
         editor's)."""
         return list(islice((key for key in reversed(self._entries) if key[0] == depth), RECENT_PROMPTS))
 
-    def _reused_by(self, key, ids: tuple[int, ...]) -> tuple[int, tuple, list]:
+    def _reused_by(self, key, ids: tuple[int, ...], guarded: tuple[int, int] | None) -> tuple[int, tuple, list]:
         """(tokens reused, key, chunks) of `ids` planned against the entry `key`."""
         chunks = plan_chunks(key[1], ids, self.min_chunk)
         if self.copy_limit:
-            chunks = split_stale(chunks, self._entries[key].copies, self.copy_limit, self.min_chunk)
+            chunks = split_stale(chunks, self._entries[key].copies, self.copy_limit, self.min_chunk, guarded)
         return sum(c.end - c.start for c in chunks), key, chunks
 
     def store(self, ids: list[int], cache: KVCache, depth: int | None = None) -> bool:

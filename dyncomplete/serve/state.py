@@ -41,6 +41,7 @@ class Settings:
     cache_bytes: int = 512 * 2**20
     cache_reuse: int = 32  # reuse runs of at least this many tokens of the last prompt at new positions (0: off)
     cache_reuse_copies: int = 2  # a position is copied at most this many times, then prefilled again (0: no limit)
+    cache_reuse_near: int = 64  # the copy limit holds within this many positions of the cursor (0: everywhere)
     client_memory: bool = True  # remember the files each editor sent and retrieve from them
     ngram_cache: bool = True  # n-gram drafting may copy a client's earlier completions
     suggestions: bool = True  # answer from an editor's kept answers where its typing continues one (suggestions.py)
@@ -54,7 +55,7 @@ class Server:
     def __init__(self, model, settings: Settings):
         self.model, self.settings = model, settings
         self.prefix_cache = PrefixCache(settings.cache_bytes, settings.cache_reuse, shift_frequencies(model),
-                                        settings.cache_reuse_copies)
+                                        settings.cache_reuse_copies, settings.cache_reuse_near)
         self.client_files = ClientFiles() if settings.client_memory else None
         self.client_history = ClientHistory() if settings.ngram_cache else None
         self.methods = list(dict.fromkeys((settings.default_method, *settings.methods)))

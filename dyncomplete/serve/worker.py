@@ -322,7 +322,8 @@ class Worker:
             raise _Skipped
         cache = None  # no prefix cache for this request: the method prefills the whole prompt
         if job.use_cache:
-            cache, _ = self.prefix_cache.lookup(prompt.ids, touch=not prefetch, depth=method.prompt_depth)
+            cache, _ = self.prefix_cache.lookup(prompt.ids, touch=not prefetch, depth=method.prompt_depth,
+                                                cursor=prompt.cursor)
             cache = cache if cache is not None else self.model.new_cache()
         params, history = job.params, None
         if job.history is not None and self.client_history is not None:
