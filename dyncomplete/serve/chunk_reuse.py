@@ -12,8 +12,7 @@ A reused chunk keeps what it attended to when it was first computed, so a comple
 from a full prefill of the same prompt; the server's `--cache-reuse 0` turns it off. Copied again
 and again, a chunk drifts further from what a prefill would give (it attended to text that has
 since changed, and each rotation rounds its keys), so a position copied `limit` times is
-prefilled again (`split_stale`), everywhere or only near the cursor, where the next tokens look
-most.
+prefilled again (`split_stale`), everywhere or only near the cursor.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the most recently used prompts at new positions (chunk_reuse.py), the one that g
 an approximation, off with 0. A position copied `copy_limit` times is prefilled again (0: no limit);
 with `near`, only within `near` positions of the request's cursor. Moving down a file, every
 pause moves the whole suffix: a limit everywhere prefills all of it again at once every few
-pauses, while the drift that costs quality is in the lines next to the cursor.
+pauses (a shared server's slowest answers), near the cursor a few lines at a time.
 """
 
 from __future__ import annotations
