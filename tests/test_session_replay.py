@@ -236,3 +236,22 @@ def test_served_columns_count_what_the_server_did_over_the_replay_only():
     assert out["prefix_cache_hit_share"] == 0.8 and out["batch_sizes"] == {3: 2, 4: 6} and out["batch_p50"] == 4.0
     assert (out["drafted_rows"], out["drafted_rows_cut"]) == (30, 12)
     assert session.served_columns(None, after, 20, 10.0)["tokens_per_s"] is None  # another server: no counters
+
+
+@pytest.mark.model
+def test_an_editor_that_types_between_pauses_asks_again_only_after_its_typing_time(served, tmp_path):
+    """With --think-ms the next pause comes 0.5-1.5x that long after an answer shows; llama.vim's
+    background requests run within that time, so the editor waits only for what is left of it."""
+    url, _ = served
+    cursors = session.cursors_of(typed_file(tmp_path), "down", 0.5, 3)
+    headers = {"Authorization": f"Bearer {SERVE_KEY}"}
+    def gaps(results):  # from each answer to the next pause
+        return [after["at_s"] - r["at_s"] - r["latency_s"] for r, after in zip(results, results[1:])]
+
+    typing = session.replay_editor(url, "smollm2-135m", "llama-vim", cursors, 8, headers, think_ms=1500)
+    assert len(typing) == 3 and all(r["think_s"] + r["background_s"] >= 0.75 - 1e-6 for r in typing)
+    assert all(gap >= 0.75 for gap in gaps(typing))
+    assert len({round(r["think_s"] + r["background_s"], 3) for r in typing}) == 3  # typing times vary
+    at_once = session.replay_editor(url, "smollm2-135m", "llama-vim", cursors, 8, headers)
+    assert all(r["think_s"] == 0 for r in at_once)
+    assert all(gap - r["background_s"] < 0.1 for gap, r in zip(gaps(at_once), at_once))

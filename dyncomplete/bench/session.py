@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import threading
 import time
 from collections import Counter
@@ -481,16 +482,24 @@ def taken(cursor: Cursor, text: str) -> Cursor:
 
 
 def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_predict: int,
-                  headers: dict | None = None, progress=None, accept_ms: int = 0) -> list[dict]:
+                  headers: dict | None = None, progress=None, accept_ms: int = 0, think_ms: int = 0,
+                  seed: int = 0) -> list[dict]:
     """Every cursor's request as `client` sends it, after a warm-up request that is not counted;
     a client with a warming request sends it once per typed file, before that file's pauses.
     `accept_ms` > 0: a suggestion the user `takes` is taken that long after it shows, and the editor
     asks again at the end of the line (llama.vim and llama.vscode ask whenever the cursor moves);
-    the line's later pauses are then skipped (it is typed)."""
+    the line's later pauses are then skipped (it is typed). `think_ms` > 0: the user types between
+    pauses for 0.5-1.5x `think_ms` (uniform, from `seed`) after an answer shows, and starts after a
+    random part of one `think_ms`, so that editors typing at once do not keep in step; the next
+    pause comes then, or once the background requests are answered if they take longer. 0 asks
+    again at once (a closed loop: the server never idles)."""
     spec = CLIENTS[client]
     chunks = {file: ring_chunks(Path(file)) for file in sorted({c.file for c in cursors})}
     endpoint, results, pauses = f"{url}{spec.route}", [], spec.pauses(spec, n_predict, model)
     taken_line = None  # a line whose suggestion was taken: its later pauses are not typed
+    typing = random.Random(seed)
+    time.sleep(typing.uniform(0, think_ms / 1000))
+    replay_start = time.perf_counter()
     with httpx.Client(headers=headers or {}, timeout=600) as http:
         for i, cursor in enumerate(cursors):
             if (cursor.file, cursor.line) == taken_line:
@@ -500,13 +509,19 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
                 checked(r, r.text)
             if i == 0:  # one token: a longer warm-up would leave the server the first pause's answer to reuse
                 spec.send(http, endpoint, spec.request(cursor, chunks[cursor.file], 1, model))
-            result = pauses.pause(http, endpoint, cursor, chunks[cursor.file]) | {"pause": i, "after_accept": False}
+            asked = time.perf_counter() - replay_start
+            result = pauses.pause(http, endpoint, cursor, chunks[cursor.file]) | {"pause": i, "after_accept": False,
+                                                                                  "at_s": asked}
             results.append(result)
             if accept_ms and takes(result):
                 time.sleep(accept_ms / 1000)
-                after = pauses.pause(http, endpoint, taken(cursor, result["text"]), chunks[cursor.file])
-                results.append(after | {"pause": i, "after_accept": True})
+                asked = time.perf_counter() - replay_start
+                result = pauses.pause(http, endpoint, taken(cursor, result["text"]), chunks[cursor.file])
+                results.append(result | {"pause": i, "after_accept": True, "at_s": asked})
                 taken_line = (cursor.file, cursor.line)
+            typed_s = typing.uniform(0.5, 1.5) * think_ms / 1000
+            results[-1]["think_s"] = max(0.0, typed_s - result.get("background_s", 0.0))
+            time.sleep(results[-1]["think_s"])
             if progress:
                 progress(i + 1, len(cursors))
     return results
@@ -551,7 +566,7 @@ def served_columns(before: dict | None, after: dict | None, requests: int, wall_
 
 def replay_editors(url: str, model: str, client: str, cursors: list[Cursor], n_predict: int,
                    headers: dict | None = None, editors: int = 1, progress=None,
-                   accept_ms: int = 0) -> tuple[list[dict], dict]:
+                   accept_ms: int = 0, think_ms: int = 0) -> tuple[list[dict], dict]:
     """`editors` editors typing at once (`replay_editor` each, in its own thread), each its own
     files (round-robin over the cursors' files in order) and its own X-Client-Id. Returns the
     results, editor by editor, and `served_columns` (its requests: every pause the server answered,
@@ -571,7 +586,7 @@ def replay_editors(url: str, model: str, client: str, cursors: list[Cursor], n_p
     def editor(k: int) -> list[dict]:
         own = (headers or {}) | ({"X-Client-Id": f"editor-{k}"} if editors > 1 else {})
         return [r | {"editor": k} for r in replay_editor(url, model, client, groups[k], n_predict, own, tick,
-                                                         accept_ms)]
+                                                         accept_ms, think_ms, seed=k)]
 
     with httpx.Client(headers=headers or {}, timeout=60) as http:
         before = server_counters(http, url)

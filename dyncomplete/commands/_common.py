@@ -13,6 +13,17 @@ EDITOR_MODEL = "qwen2.5-coder-0.5b"
 EDITOR_METHOD = "lookup"  # serve's default: lossless, and faster at the editor replays' pauses (docs/results.md)
 
 
+def positive(kind, zero: bool = False):
+    """An argparse type of `kind` that is > 0 (>= 0 with `zero`)."""
+    def parse(text):
+        value = kind(text)
+        if value < 0 or value == 0 and not zero:
+            raise ValueError(f"must be {'>=' if zero else '>'} 0, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def add_model_options(parser, default: str = DEFAULT_MODEL) -> None:
     parser.add_argument("--model", default=default,
                         help=f"alias, local HF directory or .gguf path (default: {default})")

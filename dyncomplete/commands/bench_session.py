@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
-from ._common import EDITOR_METHOD, add_model_options
+from ._common import EDITOR_METHOD, add_model_options, positive
 
 SERVERS = ("dyncomplete", "llama-server")
 # bench.session's CLIENTS and PATTERNS, named here so that registering the command imports nothing heavy
@@ -146,7 +146,7 @@ def editor_report(args, sources: list[Path]) -> dict:
 
     def go(name, url, headers):
         results, served = replay_editors(url, args.model, args.client, cursors, args.n_predict, headers,
-                                         args.concurrent, accept_ms=args.accept_ms)
+                                         args.concurrent, accept_ms=args.accept_ms, think_ms=args.think_ms)
         texts[name] = {(r.get("editor", 0), r["pause"]): r["text"] for r in results if not r["after_accept"]}
         first = next(iter(texts.values()))
         both = texts[name].keys() & first.keys()  # a taken suggestion skips its line's later pauses
@@ -164,7 +164,7 @@ def editor_report(args, sources: list[Path]) -> dict:
                 rows[name] = go(name, url, {})
     return {"model": args.model, "method": args.method, "client": args.client, "pattern": args.pattern,
             "route": CLIENTS[args.client].route, "n_predict": args.n_predict, "editors": args.concurrent,
-            "accept_ms": args.accept_ms,
+            "accept_ms": args.accept_ms, "think_ms": args.think_ms,
             "files": sorted({c.file for c in cursors}), "pauses": len(cursors), "rows": rows}
 
 
@@ -225,9 +225,12 @@ def register(sub) -> None:
     p.add_argument("--concurrent", type=int, default=1, metavar="K",
                    help="editors typing at once, each its own files (round-robin over --source/--files, which "
                         "must give at least K) and its own X-Client-Id; adds throughput and the server's batching")
-    p.add_argument("--accept-ms", type=int, default=0, metavar="MS",
+    p.add_argument("--accept-ms", type=positive(int, zero=True), default=0, metavar="MS",
                    help="a user who takes a one-line suggestion of the line's rest MS after it shows, whereupon "
                         "the editor asks again at the line's end (what the server's prefetch answers); 0: never")
+    p.add_argument("--think-ms", type=positive(int, zero=True), default=0, metavar="MS",
+                   help="each editor's next pause 0.5-1.5x MS after an answer shows (a user typing; its "
+                        "background requests run meanwhile); 0: at once, a closed loop that keeps the server busy")
     p.add_argument("--url", help="use this running server instead of starting one")
     p.add_argument("--api-key", help="with --url: the server's API key")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

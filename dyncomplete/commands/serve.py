@@ -6,7 +6,7 @@ import os
 import sys
 
 from ..methods.registry import family_list
-from ._common import EDITOR_METHOD, EDITOR_MODEL, add_model_options, load_from_args
+from ._common import EDITOR_METHOD, EDITOR_MODEL, add_model_options, load_from_args, positive
 
 
 def read_api_key(args) -> str | None:
@@ -84,17 +84,6 @@ def check_cluster_options(args) -> None:
         raise ValueError(f"{', '.join(cluster_only)} need --ray ADDRESS (a Ray cluster to deploy replicas on)")
     if args.max_replicas and args.max_replicas < args.replicas:
         raise ValueError(f"--max-replicas {args.max_replicas} is below --replicas {args.replicas}")
-
-
-def positive(kind, zero: bool = False):
-    """An argparse type of `kind` that is > 0 (>= 0 with `zero`)."""
-    def parse(text):
-        value = kind(text)
-        if value < 0 or value == 0 and not zero:
-            raise ValueError(f"must be {'>=' if zero else '>'} 0, got {text}")
-        return value
-    parse.__name__ = kind.__name__
-    return parse
 
 
 def register(sub) -> None:
