@@ -497,9 +497,8 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
     chunks = {file: ring_chunks(Path(file)) for file in sorted({c.file for c in cursors})}
     endpoint, results, pauses = f"{url}{spec.route}", [], spec.pauses(spec, n_predict, model)
     taken_line = None  # a line whose suggestion was taken: its later pauses are not typed
-    typing = random.Random(seed)
+    typing, replay_start = random.Random(seed), time.perf_counter()
     time.sleep(typing.uniform(0, think_ms / 1000))
-    replay_start = time.perf_counter()
     with httpx.Client(headers=headers or {}, timeout=600) as http:
         for i, cursor in enumerate(cursors):
             if (cursor.file, cursor.line) == taken_line:
