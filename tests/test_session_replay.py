@@ -255,3 +255,28 @@ def test_an_editor_that_types_between_pauses_asks_again_only_after_its_typing_ti
     at_once = session.replay_editor(url, "smollm2-135m", "llama-vim", cursors, 8, headers)
     assert all(r["think_s"] == 0 for r in at_once)
     assert all(gap - r["background_s"] < 0.1 for gap, r in zip(gaps(at_once), at_once))
+
+
+@pytest.mark.model
+def test_several_editor_counts_get_a_row_each_and_the_table_says_how_many(tmp_path, capsys):
+    """`--concurrent 1 2`: a row for one editor and a row for two, each from a server started for
+    it; the documents' editors column reads each row's count."""
+    first = typed_file(tmp_path, 60)
+    second = tmp_path / "second.py"
+    second.write_text(first.read_text().replace("v", "w"))
+    out = tmp_path / "sizes.json"
+    argv = ["bench-session", "--model", "smollm2-135m", "--source", str(first), str(second), "--start", "0.5",
+            "--lines", "2", "--n-predict", "8", "--concurrent", "1", "2", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["editors"] == [1, 2] and list(report["rows"]) == ["dyncomplete, 1 editor", "dyncomplete, 2 editors"]
+    assert [row["editors"] for row in report["rows"].values()] == [1, 2]
+    assert all(row["requests"] == report["pauses"] == 4 for row in report["rows"].values())
+    table = render_session([(out, [])], ["row", "editors", "n"])
+    assert table[-2:] == ["| dyncomplete, 1 editor | 1 | 4 |", "| dyncomplete, 2 editors | 2 | 4 |"]
+
+
+def test_several_editor_counts_against_a_running_server_are_refused(capsys):
+    argv = ["bench-session", "--model", "smollm2-135m", "--url", "http://127.0.0.1:9", "--concurrent", "1", "2"]
+    assert main(argv) != 0
+    assert "several --concurrent values start a server for each" in capsys.readouterr().err

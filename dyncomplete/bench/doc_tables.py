@@ -122,7 +122,7 @@ SESSION_COLUMNS = {
     "from_cache": Column("shown from llama.vim's cache", "from_client_cache", _pct),
     "p50_asked": Column("p50 ms of those asked", "p50_asked_ms", _fixed(0)),
     "background": Column("background ms per pause", "background_ms", _fixed(0)),
-    "editors": Column("editors at once", lambda r: r["run"].get("editors", 1)),
+    "editors": Column("editors at once", lambda r: r.get("editors", r["run"].get("editors", 1))),
     "think": Column("typing ms between pauses (mean)", lambda r: r["run"].get("think_ms", 0)),
     "per_s": Column("completions per s", "completions_per_s", _fixed(2)),
     "batch_p50": Column("sequences per batched call (median)", "batch_p50", _fixed(0)),

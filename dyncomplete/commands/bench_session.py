@@ -129,7 +129,8 @@ SERVER_ROWS = {"dyncomplete": dyncomplete_rows, "llama-server": llama_server_row
 
 
 def editor_report(args, sources: list[Path]) -> dict:
-    """The editor replay, one row per server started (in turn, each stopped before the next)."""
+    """The editor replay, one row per server started and number of editors (in turn, each server
+    stopped before the next, so that no row finds another's prompts or answers kept)."""
     from ..bench.session import CLIENTS, cursors_of, replay_editors, summarise_editor
 
     if args.client == "continue" and "llama-server" in args.server:
@@ -138,32 +139,39 @@ def editor_report(args, sources: list[Path]) -> dict:
         raise ValueError("--server-args are llama-server's: add --server llama-server")
     if args.dyncomplete_args and "dyncomplete" not in args.server:
         raise ValueError("--dyncomplete-args are dyncomplete's: add --server dyncomplete")
+    if args.url and len(args.concurrent) > 1:
+        raise ValueError("several --concurrent values start a server for each; give one with --url")
     cursors = [c for path in sources for c in cursors_of(path, args.pattern, args.start, args.lines)]
     if not cursors:
         raise ValueError("no non-blank lines to replay in the given files")
 
     texts = {}  # row -> its completions, to compare each row's with the first row's
 
-    def go(name, url, headers):
+    def go(name, url, headers, editors):
         results, served = replay_editors(url, args.model, args.client, cursors, args.n_predict, headers,
-                                         args.concurrent, accept_ms=args.accept_ms, think_ms=args.think_ms)
+                                         editors, accept_ms=args.accept_ms, think_ms=args.think_ms)
         texts[name] = {(r.get("editor", 0), r["pause"]): r["text"] for r in results if not r["after_accept"]}
         first = next(iter(texts.values()))
         both = texts[name].keys() & first.keys()  # a taken suggestion skips its line's later pauses
         return summarise_editor(results) | served | {
-            "same_as_first_row": sum(texts[name][k] == first[k] for k in both) / len(both)}
+            "editors": editors, "same_as_first_row": sum(texts[name][k] == first[k] for k in both) / len(both)}
+
+    def row_name(server: str, editors: int) -> str:
+        return server if len(args.concurrent) == 1 else f"{server}, {editors} editor{'s' * (editors > 1)}"
 
     if args.url:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        rows = {args.url: go(args.url, args.url.rstrip("/"), headers)}
+        rows = {args.url: go(args.url, args.url.rstrip("/"), headers, args.concurrent[0])}
     else:
         starters = {name: start for server in args.server for name, start in SERVER_ROWS[server](args).items()}
         rows = {}
         for name, start in starters.items():
-            with start() as (url, _):
-                rows[name] = go(name, url, {})
+            for editors in args.concurrent:
+                with start() as (url, _):
+                    rows[row_name(name, editors)] = go(row_name(name, editors), url, {}, editors)
+    editors = args.concurrent[0] if len(args.concurrent) == 1 else args.concurrent
     return {"model": args.model, "method": args.method, "client": args.client, "pattern": args.pattern,
-            "route": CLIENTS[args.client].route, "n_predict": args.n_predict, "editors": args.concurrent,
+            "route": CLIENTS[args.client].route, "n_predict": args.n_predict, "editors": editors,
             "accept_ms": args.accept_ms, "think_ms": args.think_ms,
             "files": sorted({c.file for c in cursors}), "pauses": len(cursors), "rows": rows}
 
@@ -222,9 +230,10 @@ def register(sub) -> None:
                         "server first, as an editor does, and use its memory of them; adds a no-context row")
     p.add_argument("--ngram-cache-row", action="store_true",
                    help="--client line: add a row without the server's cross-request n-gram cache")
-    p.add_argument("--concurrent", type=int, default=1, metavar="K",
+    p.add_argument("--concurrent", type=positive(int), nargs="+", default=[1], metavar="K",
                    help="editors typing at once, each its own files (round-robin over --source/--files, which "
-                        "must give at least K) and its own X-Client-Id; adds throughput and the server's batching")
+                        "must give at least K) and its own X-Client-Id; adds throughput and the server's batching. "
+                        "Several values: a row each, a server started for each (how many editors a server serves)")
     p.add_argument("--accept-ms", type=positive(int, zero=True), default=0, metavar="MS",
                    help="a user who takes a one-line suggestion of the line's rest MS after it shows, whereupon "
                         "the editor asks again at the line's end (what the server's prefetch answers); 0: never")
