@@ -509,8 +509,9 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
             if i == 0:  # one token: a longer warm-up would leave the server the first pause's answer to reuse
                 spec.send(http, endpoint, spec.request(cursor, chunks[cursor.file], 1, model))
             asked = time.perf_counter() - replay_start
-            result = pauses.pause(http, endpoint, cursor, chunks[cursor.file]) | {"pause": i, "after_accept": False,
-                                                                                  "at_s": asked}
+            result = pauses.pause(http, endpoint, cursor, chunks[cursor.file]) | {
+                "pause": i, "where": f"{cursor.file}:{cursor.line}:{len(cursor.typed)}", "after_accept": False,
+                "at_s": asked}
             results.append(result)
             if accept_ms and takes(result):
                 time.sleep(accept_ms / 1000)

@@ -150,7 +150,8 @@ def editor_report(args, sources: list[Path]) -> dict:
     def go(name, url, headers, editors):
         results, served = replay_editors(url, args.model, args.client, cursors, args.n_predict, headers,
                                          editors, accept_ms=args.accept_ms, think_ms=args.think_ms)
-        texts[name] = {(r.get("editor", 0), r["pause"]): r["text"] for r in results if not r["after_accept"]}
+        # by cursor, not by editor and pause: rows with other editor counts share the pauses out apart
+        texts[name] = {r["where"]: r["text"] for r in results if not r["after_accept"]}
         first = next(iter(texts.values()))
         both = texts[name].keys() & first.keys()  # a taken suggestion skips its line's later pauses
         return summarise_editor(results) | served | {
