@@ -170,9 +170,9 @@ def editor_report(args, sources: list[Path]) -> dict:
             for editors in args.concurrent:
                 with start() as (url, _):
                     rows[row_name(name, editors)] = go(row_name(name, editors), url, {}, editors)
-    editors = args.concurrent[0] if len(args.concurrent) == 1 else args.concurrent
+    counts = args.concurrent[0] if len(args.concurrent) == 1 else args.concurrent
     return {"model": args.model, "method": args.method, "client": args.client, "pattern": args.pattern,
-            "route": CLIENTS[args.client].route, "n_predict": args.n_predict, "editors": editors,
+            "route": CLIENTS[args.client].route, "n_predict": args.n_predict, "editors": counts,
             "accept_ms": args.accept_ms, "think_ms": args.think_ms,
             "files": sorted({c.file for c in cursors}), "pauses": len(cursors), "rows": rows}
 
