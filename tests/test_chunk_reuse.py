@@ -11,7 +11,7 @@ from dyncomplete.methods.baseline import Baseline
 from dyncomplete.models import KVCache, layered
 from dyncomplete.models.rotary import rotate_keys, shift_frequencies
 from dyncomplete.serve.chunk_reuse import Chunk, plan_chunks, split_stale
-from dyncomplete.serve.prefix_cache import PrefixCache
+from dyncomplete.serve.prefix_cache import RECENT_PROMPTS, PrefixCache
 
 
 def test_plan_copies_the_prefix_and_the_moved_suffix_but_not_the_new_tokens():
@@ -116,6 +116,24 @@ def test_reused_chunks_give_layer_zero_keys_of_a_full_prefill_and_the_gaps_run(s
 
 
 @pytest.mark.model
+def test_an_editor_reuses_its_moved_suffix_however_many_prompts_came_since():
+    """Four llama.vim editors send a request and a speculative one a pause each: by an editor's
+    next pause, the other editors' prompts fill the most recent ones that chunk reuse plans
+    against; its own last prompt, the one sharing the longest prefix, is planned against too."""
+    def stored_cache(n):
+        kv = KVCache(1)
+        kv.update(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4), 0)
+        return kv
+
+    mine = list(range(100))
+    cache = PrefixCache(2**24, min_chunk=8, inv_freq=torch.ones(2))
+    assert cache.store(mine, stored_cache(100))
+    for other in range(RECENT_PROMPTS):
+        assert cache.store([1000 * (other + 1) + t for t in range(100)], stored_cache(100))
+    kv, reused = cache.lookup(mine[:40] + [900, 901, 902] + mine[40:])
+    assert reused == 100 and kv.holes == [(40, 43)]
+
+
 def test_an_editor_reuses_its_own_moved_suffix_after_another_editors_prompt(smollm_bf16):
     """A server shared by two editors takes turns: the most recent prompt is the other editor's."""
     model = smollm_bf16

@@ -10,8 +10,10 @@ Memory is bounded by bytes, evicting the least recently used entry; an entry who
 a newer one is dropped, as the newer one serves every request the older one could.
 
 With `min_chunk` (and the model's rotary frequencies), a lookup also reuses later runs of one of
-the most recently used prompts at new positions (chunk_reuse.py), the one that gives the most:
-an approximation, off with 0. A position copied `copy_limit` times is prefilled again (0: no limit);
+the most recently used prompts, or of the one sharing the longest prefix, at new positions
+(chunk_reuse.py), the one that gives the most: an approximation, off with 0. The longest prefix
+is most often the same editor's last prompt, which four llama.vim editors (a request and a
+speculative one each a pause) push out of the recent ones. A position copied `copy_limit` times is prefilled again (0: no limit);
 with `near`, only within `near` positions of the request's cursor. Moving down a file, every
 pause moves the whole suffix: a limit everywhere prefills all of it again at once every few
 pauses (a shared server's slowest answers), near the cursor a few lines at a time.
@@ -88,7 +90,10 @@ class PrefixCache:
                     best_key, best = key, n
             chunks = []
             if self.min_chunk:
-                reused, recent, plan = max((self._reused_by(key, wanted, guarded) for key in self._recent(depth)),
+                candidates = self._recent(depth)
+                if best_key is not None and best_key not in candidates:
+                    candidates.append(best_key)  # the editor's own last prompt, however many came since
+                reused, recent, plan = max((self._reused_by(key, wanted, guarded) for key in candidates),
                                            default=(0, None, []), key=lambda c: c[0])  # ties: the most recent
                 if reused > best:
                     best_key, best, chunks = recent, reused, plan
