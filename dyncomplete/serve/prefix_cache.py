@@ -15,9 +15,9 @@ the most recently used prompts, or of the one sharing the longest prefix, at new
 is most often the same editor's last prompt, which four llama.vim editors (a request and a
 speculative one each a pause) push out of the recent ones. A position copied `copy_limit` times
 is prefilled again (0: no limit); with `near`, only within `near` positions of the request's
-cursor. Moving down a file, every
-pause moves the whole suffix: a limit everywhere prefills all of it again at once every few
-pauses (a shared server's slowest answers), near the cursor a few lines at a time.
+cursor. Moving down a file, every pause moves the whole suffix: a limit everywhere prefills all
+of it again at once every few pauses (a shared server's slowest answers), near the cursor a few
+lines at a time.
 """
 
 from __future__ import annotations
