@@ -48,10 +48,16 @@ def test_near_the_cursor_only_the_positions_around_it_are_prefilled_again():
     assert split_stale(chunks, copies, 2, 8, guarded=(0, 13)) == chunks  # no moved position near the cursor
 
 
+def zero_cache(n: int) -> KVCache:
+    """A one-layer cache of n positions (what the prefix cache's bookkeeping needs, no model)."""
+    kv = KVCache(1)
+    kv.update(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4), 0)
+    return kv
+
+
 def test_the_cache_keeps_the_limit_near_the_cursor_it_is_given():
     old, new = list(range(100)), list(range(40)) + [900, 901, 902] + list(range(40, 100))
-    stored = KVCache(1)
-    stored.update(torch.zeros(1, 1, 100, 4), torch.zeros(1, 1, 100, 4), 0)
+    stored = zero_cache(100)
     stored.copies = [0] * 40 + [2] * 60  # the part after the insertion reached the limit
     cache = PrefixCache(2**20, min_chunk=8, inv_freq=torch.ones(2), copy_limit=2, near=10)
     assert cache.store(old, stored)
@@ -115,25 +121,20 @@ def test_reused_chunks_give_layer_zero_keys_of_a_full_prefill_and_the_gaps_run(s
     assert len(result.token_ids) == 4
 
 
-@pytest.mark.model
 def test_an_editor_reuses_its_moved_suffix_however_many_prompts_came_since():
     """Four llama.vim editors send a request and a speculative one a pause each: by an editor's
     next pause, the other editors' prompts fill the most recent ones that chunk reuse plans
     against; its own last prompt, the one sharing the longest prefix, is planned against too."""
-    def stored_cache(n):
-        kv = KVCache(1)
-        kv.update(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4), 0)
-        return kv
-
     mine = list(range(100))
     cache = PrefixCache(2**24, min_chunk=8, inv_freq=torch.ones(2))
-    assert cache.store(mine, stored_cache(100))
+    assert cache.store(mine, zero_cache(100))
     for other in range(RECENT_PROMPTS):
-        assert cache.store([1000 * (other + 1) + t for t in range(100)], stored_cache(100))
+        assert cache.store([1000 * (other + 1) + t for t in range(100)], zero_cache(100))
     kv, reused = cache.lookup(mine[:40] + [900, 901, 902] + mine[40:])
     assert reused == 100 and kv.holes == [(40, 43)]
 
 
+@pytest.mark.model
 def test_an_editor_reuses_its_own_moved_suffix_after_another_editors_prompt(smollm_bf16):
     """A server shared by two editors takes turns: the most recent prompt is the other editor's."""
     model = smollm_bf16

@@ -168,8 +168,9 @@ def editor_report(args, sources: list[Path]) -> dict:
         rows = {}
         for name, start in starters.items():
             for editors in args.concurrent:
+                row = row_name(name, editors)
                 with start() as (url, _):
-                    rows[row_name(name, editors)] = go(row_name(name, editors), url, {}, editors)
+                    rows[row] = go(row, url, {}, editors)
     counts = args.concurrent[0] if len(args.concurrent) == 1 else args.concurrent
     return {"model": args.model, "method": args.method, "client": args.client, "pattern": args.pattern,
             "route": CLIENTS[args.client].route, "n_predict": args.n_predict, "editors": counts,
