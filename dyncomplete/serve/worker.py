@@ -106,11 +106,12 @@ class Worker:
                  prefix_cache: PrefixCache, client_files: ClientFiles | None = None,
                  client_history: ClientHistory | None = None, suffix_budget: int = 0, cursor_line: str = "middle",
                  parallel: int = 1, suggestions: Suggestions | None = None, prefetch: bool = False,
-                 verify_budget: str = "shared"):
+                 verify_budget: str = "shared", budget_order: bool = True):
         """`methods`: the names requests may pick, all built here; `cursor_line`: see prompts.CURSOR_LINES;
         `parallel`: requests generated at once (continuous batching past 1); `suggestions`: answers
         kept for reuse (None: none); `prefetch`: with them and one slot, prefetch in idle time;
-        `verify_budget`: with slots, "shared" (batching.shared_draft_lengths) or "per-request"."""
+        `verify_budget`: with slots, "shared" (batching.shared_draft_lengths) or "per-request";
+        `budget_order`: with slots, longer time budgets wait while a shorter one is in generation (batching.py)."""
         if parallel < 1:
             raise ValueError(f"parallel needs at least 1 slot, got {parallel}")
         if verify_budget not in VERIFY_BUDGETS:
@@ -133,7 +134,7 @@ class Worker:
         self.model_thread = None
         if parallel > 1:
             row_cost = verify_cost(model) if verify_budget == "shared" else None
-            self.model_thread = ModelThread(model, verify_row_cost=row_cost)
+            self.model_thread = ModelThread(model, verify_row_cost=row_cost, budget_order=budget_order)
         self._slots = [threading.Thread(target=self._loop, args=(slot,), name=f"dyncomplete-slot-{slot}", daemon=True)
                        for slot in range(parallel)]
         # building the methods (exit heads, shortlists) and measuring the verify cost ran tensor
@@ -281,7 +282,7 @@ class Worker:
             return run(self.model)
         if not method.batchable:
             return self.model_thread.run_alone(lambda: run(self.model))
-        self.model_thread.join(slot)
+        self.model_thread.join(slot, params.editor.time_limit_s if params.editor is not None else None)
         try:
             return run(BatchedModel(self.model, self.model_thread, slot))
         finally:
