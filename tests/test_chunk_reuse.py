@@ -134,6 +134,20 @@ def test_an_editor_reuses_its_moved_suffix_however_many_prompts_came_since():
     assert reused == 100 and kv.holes == [(40, 43)]
 
 
+def test_a_start_that_a_stored_prompt_holds_is_not_stored_again():
+    """A speculative request cancelled in its prefill leaves the start of a prompt that another
+    entry already holds: storing it would only take one of the recent places that chunk reuse
+    plans against from a whole prompt."""
+    mine = list(range(100))
+    cache = PrefixCache(2**24, min_chunk=8, inv_freq=torch.ones(2))
+    assert cache.store(mine, zero_cache(100))
+    assert not cache.store(mine[:40], zero_cache(40))
+    assert cache.store(mine[:40] + [900], zero_cache(41))  # a start with text of its own is kept
+    assert len(cache) == 2
+    kv, reused = cache.lookup(mine[:60] + [901])
+    assert reused == 60 and kv.lengths[0] == 60
+
+
 @pytest.mark.model
 def test_an_editor_reuses_its_own_moved_suffix_after_another_editors_prompt(smollm_bf16):
     """A server shared by two editors takes turns: the most recent prompt is the other editor's."""

@@ -126,16 +126,20 @@ class PrefixCache:
 
     def store(self, ids: list[int], cache: KVCache, depth: int | None = None) -> bool:
         """Keep the first len(ids) positions of `cache` (which must hold them in every layer),
-        computed by a method of prompt depth `depth`."""
-        n = len(ids)
+        computed by a method of prompt depth `depth`. Not where a longer entry starts with `ids`
+        (a request cancelled in its prefill): it would add nothing, and it would push a whole prompt
+        out of the recent ones that chunk reuse plans against."""
+        n, key = len(ids), (depth, tuple(ids))
         if n == 0 or min(cache.lengths) < n:
             return False
+        with self._lock:
+            if any(k[0] == depth and len(k[1]) > n and k[1][:n] == key[1] for k in self._entries):
+                return False
         cache.crop(n)
         entry = cache.copy(n)  # trims the buffers to the prompt, so nbytes is what is kept
         size = entry.nbytes()
         if size > self.max_bytes:
             return False
-        key = (depth, tuple(ids))
         with self._lock:
             older = [k for k in self._entries if k[0] == depth and len(k[1]) <= n and key[1][: len(k[1])] == k[1]]
             for old in older:
