@@ -3,7 +3,7 @@ bits it gets alone, and a worker with parallel slots gives every request baselin
 whatever shares its batches (prompts in chunks, other requests joining and leaving, a cancelled
 one, a method that runs alone, lookup's verification passes under a shared verify budget); the
 budget's choice of drafted positions (TETRIS); a longer time budget waiting while a shorter one
-prefills."""
+is in generation, up to the hold limit."""
 
 import threading
 import time
