@@ -64,19 +64,17 @@ def test_fast_engine_matches_a_separately_loaded_hf_model(smollm):
     3e-3 on one CI machine, 0 on the AMX Xeon)."""
     hf = load("smollm2-135m", dtype="float32", engine="hf", progress=lambda m: None)
     assert "fast" not in hf.engines
+    prompts = [smollm.tokenizer(text, add_special_tokens=False).input_ids for text in stdlib_prompts(3)]
+    params = GenerationParams(max_new_tokens=16)
+    for ids in prompts:
+        assert Baseline().generate(smollm, ids, params).token_ids == Baseline().generate(hf, ids, params).token_ids
     fast64 = LayeredModel(copy.deepcopy(hf.hf).double(), hf.tokenizer, name="smollm2-135m", engine="fast")
     assert fast64.engine == "fast"
-    hf64 = hf.hf.double()  # after the copy: `hf` itself is float64 from here on
-    for text in stdlib_prompts(3):
-        ids = smollm.tokenizer(text, add_special_tokens=False).input_ids
+    hf64 = hf.hf.double()
+    for ids in prompts:
         with torch.no_grad():
             reference = hf64(torch.tensor([ids])).logits.float()
         torch.testing.assert_close(fast64.forward(torch.tensor(ids), last_only=False), reference, atol=2e-4, rtol=0)
-    hf = load("smollm2-135m", dtype="float32", engine="hf", progress=lambda m: None)
-    for text in stdlib_prompts(3):
-        ids = smollm.tokenizer(text, add_special_tokens=False).input_ids
-        params = GenerationParams(max_new_tokens=16)
-        assert Baseline().generate(smollm, ids, params).token_ids == Baseline().generate(hf, ids, params).token_ids
 
 
 @pytest.mark.model
