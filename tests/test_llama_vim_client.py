@@ -63,3 +63,12 @@ def test_a_shown_suggestion_drops_what_is_already_there():
 
 def test_the_literal_body_is_the_request_made_at_a_pause():
     assert template("llama_vim_infill.json")["t_max_predict_ms"] == llama_vim.FIRST_PREDICT_MS
+
+
+def test_a_pause_before_the_background_request_is_answered_waits_for_the_next_retry():
+    assert llama_vim.held_back_s(1.2, 0.4) == 0.0  # answered while the user typed
+    assert llama_vim.held_back_s(0.5, 0.5) == 0.0
+    assert abs(llama_vim.held_back_s(0.5, 0.55) - 0.1) < 1e-9  # the first retry, 100 ms after the pause
+    assert abs(llama_vim.held_back_s(0.5, 0.6) - 0.1) < 1e-9
+    assert abs(llama_vim.held_back_s(0.5, 0.61) - 0.2) < 1e-9
+    assert abs(llama_vim.held_back_s(0.0, 1.234) - 1.3) < 1e-9

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import BODIES, SERVE_KEY
 
-from dyncomplete.bench import session
+from dyncomplete.bench import llama_vim, session
 from dyncomplete.bench.doc_tables import render_session
 from dyncomplete.bench.launch import LLAMA_CPP_VERSION
 from dyncomplete.cli import main
@@ -252,9 +252,34 @@ def test_an_editor_that_types_between_pauses_asks_again_only_after_its_typing_ti
     assert len(typing) == 3 and all(r["think_s"] + r["background_s"] >= 0.75 - 1e-6 for r in typing)
     assert all(gap >= 0.75 for gap in gaps(typing))
     assert len({round(r["think_s"] + r["background_s"], 3) for r in typing}) == 3  # typing times vary
+    assert all(r["waited_s"] == r["latency_s"] + r["held_back_s"] for r in typing)
     at_once = session.replay_editor(url, "smollm2-135m", "llama-vim", cursors, 8, headers)
-    assert all(r["think_s"] == 0 for r in at_once)
+    assert all(r["think_s"] == 0 and r["held_back_s"] == 0 for r in at_once)
     assert all(gap - r["background_s"] < 0.1 for gap, r in zip(gaps(at_once), at_once))
+
+
+@pytest.mark.model
+def test_a_pause_that_comes_before_the_background_requests_end_waits_for_them(served, tmp_path):
+    """llama.vim sends no request while one of its own runs: a user who pauses 1-3 ms after a
+    suggestion shows waits for the speculative request, until llama.vim's next retry, and the
+    replay counts that wait in `waited_s` and sends the request only then."""
+    url, _ = served
+    cursors = session.cursors_of(typed_file(tmp_path), "down", 0.5, 4)
+    headers = {"Authorization": f"Bearer {SERVE_KEY}"}
+    fast = session.replay_editor(url, "smollm2-135m", "llama-vim", cursors, 8, headers, think_ms=2)
+    retry = llama_vim.RETRY_S
+    for r, after in zip(fast, fast[1:]):
+        held = after["held_back_s"]
+        if after["from_cache"]:  # shown at once from the plugin's cache
+            assert held == 0
+            continue
+        assert r["background_s"] - 0.003 <= held < r["background_s"] + retry  # until the first retry after them
+        assert abs(held / retry - round(held / retry)) < 1e-6
+        assert after["at_s"] - (r["at_s"] + r["latency_s"]) >= held  # sent at that retry, not before
+        assert after["waited_s"] == after["latency_s"] + held
+    assert sum(r["held_back_s"] > 0 for r in fast) >= 2
+    summary = session.summarise_editor(fast)
+    assert summary["held_back_share"] == sum(r["held_back_s"] > 0 for r in fast) / len(fast)
 
 
 @pytest.mark.model

@@ -8,7 +8,9 @@ what was typed since. Only on a miss does it ask the server, with a 250 ms gener
 Once a suggestion shows, it asks again in the background, with the configured 1000 ms, for the
 text as it would be with the suggestion accepted (`s:fim_ctx_local` with `prev`), and caches that
 answer too. Each answer is cached under four keys: the text, and the text without the first
-one, two and three lines of the prefix window.
+one, two and three lines of the prefix window. While one of its requests runs, the plugin sends
+no other: `llama#fim` tries again every 100 ms ("avoid sending repeated requests too fast"), so
+a pause that comes before the background request is answered waits for it.
 
 Mirrored here: the context cut, the keys, the cache lookup, and the part of `s:fim_render` that
 decides what the speculative request continues from.
@@ -17,6 +19,7 @@ decides what the speculative request continues from.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -26,6 +29,15 @@ SPECULATIVE_PREDICT_MS = 1000  # g:llama_config t_max_predict_ms, for the reques
 TYPED_BACK = 128  # how many characters back s:fim_try_hint looks for a suggestion that the typing continues
 MAX_CACHE_KEYS = 250  # g:llama_config max_cache_keys
 CURSOR_MARK = "Î"  # what the plugin puts between the text before and after the cursor in a key
+RETRY_S = 0.1  # s:timer_fim: how soon llama#fim tries again while a request of its own runs
+
+
+def held_back_s(paused_s: float, running_s: float) -> float:
+    """How long the request of a pause `paused_s` after a suggestion shows waits for the plugin's
+    own background requests, answered `running_s` after it: until the first retry after them."""
+    if paused_s >= running_s:
+        return 0.0
+    return math.ceil((running_s - paused_s) / RETRY_S - 1e-9) * RETRY_S
 
 
 def blank(line: str) -> bool:

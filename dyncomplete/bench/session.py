@@ -385,13 +385,19 @@ class Pauses:
         request = self.client.request(cursor, extra, self.n_predict, self.model)
         return scored(self.client.send(http, endpoint, request), request)
 
+    def held_back_s(self, paused_s: float, running_s: float) -> float:
+        """How long a pause's request waits for the client's own requests that run `running_s`
+        after the last answer showed, when the user pauses `paused_s` after it (none run here)."""
+        return 0.0
+
 
 class LlamaVimPauses(Pauses):
     """llama.vim at each pause (`llama_vim`): the suggestion from its own cache where it has one
     (nothing sent, nothing waited for), else the request with its 250 ms budget; then, once the
     suggestion shows, the speculative request for the text with it accepted, and after a cache
-    hit also the request for the pause itself (both in the background: the user is typing until
-    the next pause, which the replay assumes outlasts them; `background_s` says how long they took)."""
+    hit also the request for the pause itself (both in the background, while the user types;
+    `background_s` says how long they took). A pause that comes before they are answered shows
+    a cached suggestion at once, but its request waits for them (`llama_vim.held_back_s`)."""
 
     def __init__(self, client: "Client", n_predict: int, model: str):
         super().__init__(client, n_predict, model)
@@ -412,6 +418,9 @@ class LlamaVimPauses(Pauses):
         answer = post_infill(http, endpoint, Request(body, ""))
         self.cache.insert(context, answer["text"])
         return answer
+
+    def held_back_s(self, paused_s: float, running_s: float) -> float:
+        return llama_vim.held_back_s(paused_s, running_s)
 
     def pause(self, http: httpx.Client, endpoint: str, cursor: Cursor, extra: list[dict]) -> dict:
         lines, y = self.lines_of(cursor.file), cursor.line - 1
@@ -491,13 +500,15 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
     the line's later pauses are then skipped (it is typed). `think_ms` > 0: the user types between
     pauses for 0.5-1.5x `think_ms` (uniform, from `seed`) after an answer shows, and starts after a
     random part of one `think_ms`, so that editors typing at once do not keep in step; the next
-    pause comes then, or once the background requests are answered if they take longer. 0 asks
-    again at once (a closed loop: the server never idles)."""
+    pause comes then; a request it asks waits for the client's own background requests as the
+    client does (`Pauses.held_back_s`), and `waited_s` counts from the pause to the answer. 0 asks
+    again as soon as the background requests are answered (a closed loop: the server never idles)."""
     spec = CLIENTS[client]
     chunks = {file: ring_chunks(Path(file)) for file in sorted({c.file for c in cursors})}
     endpoint, results, pauses = f"{url}{spec.route}", [], spec.pauses(spec, n_predict, model)
     taken_line = None  # a line whose suggestion was taken: its later pauses are not typed
     typing, replay_start = random.Random(seed), time.perf_counter()
+    held_back = 0.0  # how long the next pause's request waits for this editor's background requests
     time.sleep(typing.uniform(0, think_ms / 1000))
     with httpx.Client(headers=headers or {}, timeout=600) as http:
         for i, cursor in enumerate(cursors):
@@ -512,15 +523,20 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
             result = pauses.pause(http, endpoint, cursor, chunks[cursor.file]) | {
                 "pause": i, "where": f"{cursor.file}:{cursor.line}:{len(cursor.typed)}", "after_accept": False,
                 "at_s": asked}
+            result["held_back_s"] = 0.0 if result.get("from_cache") else held_back
+            result["waited_s"] = result["held_back_s"] + result["latency_s"]
             results.append(result)
             if accept_ms and takes(result):
                 time.sleep(accept_ms / 1000)
                 asked = time.perf_counter() - replay_start
                 result = pauses.pause(http, endpoint, taken(cursor, result["text"]), chunks[cursor.file])
-                results.append(result | {"pause": i, "after_accept": True, "at_s": asked})
+                results.append(result | {"pause": i, "after_accept": True, "at_s": asked, "held_back_s": 0.0,
+                                         "waited_s": result["latency_s"]})
                 taken_line = (cursor.file, cursor.line)
             typed_s = typing.uniform(0.5, 1.5) * think_ms / 1000
-            results[-1]["think_s"] = max(0.0, typed_s - result.get("background_s", 0.0))
+            running_s = result.get("background_s", 0.0)
+            held_back = pauses.held_back_s(typed_s, running_s) if think_ms else 0.0
+            results[-1]["think_s"] = max(0.0, typed_s + held_back - running_s)
             time.sleep(results[-1]["think_s"])
             if progress:
                 progress(i + 1, len(cursors))
@@ -602,12 +618,16 @@ def replay_editors(url: str, model: str, client: str, cursors: list[Cursor], n_p
 
 def client_cache_columns(results: list[dict]) -> dict:
     """llama.vim's rows: the pauses shown from its own cache, the latency of those it asked the
-    server for, and the background requests after each pause."""
+    server for, the time from each pause to its suggestion (with the wait for the editor's own
+    background requests) and the background requests after each pause."""
     if "from_cache" not in results[0]:
         return {}
     asked = [1000 * r["latency_s"] for r in results if not r["from_cache"]]
+    waited = [1000 * r["waited_s"] for r in results]
     return {"from_client_cache": float(np.mean([r["from_cache"] for r in results])),
             "p50_asked_ms": float(np.percentile(asked, 50)) if asked else None,
+            "waited_p50_ms": float(np.percentile(waited, 50)), "waited_p95_ms": float(np.percentile(waited, 95)),
+            "held_back_share": float(np.mean([r["held_back_s"] > 0 for r in results])),
             "background_ms": 1000 * float(np.median([r["background_s"] for r in results])),
             "background_requests": float(np.mean([r["background_requests"] for r in results]))}
 

@@ -30,7 +30,9 @@ EDITOR_COLUMNS = [("p50 ms", "p50_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}")
                   ("cache hits", "prefix_cache_hit_share", "{:.0%}"),
                   ("prompt from cache", "prompt_reused_share", "{:.0%}"),
                   ("from cache", "from_client_cache", "{:.0%}"), ("p50 asked", "p50_asked_ms", "{:.0f}"),
-                  ("background ms", "background_ms", "{:.0f}"), ("server reused", "reused_share", "{:.0%}"),
+                  ("background ms", "background_ms", "{:.0f}"),
+                  ("pause to answer p50", "waited_p50_ms", "{:.0f}"), ("pause to answer p95", "waited_p95_ms", "{:.0f}"),
+                  ("behind own background", "held_back_share", "{:.0%}"), ("server reused", "reused_share", "{:.0%}"),
                   ("after taking", "after_accept", "{:.0f}"), ("p50 after taking", "after_accept_p50_ms", "{:.0f}"),
                   ("prefetch hits", "prefetch_hits", "{:.0%}"),
                   ("prompt tok evaluated", "prompt_tokens_evaluated", "{:.0f}"),
@@ -72,7 +74,9 @@ def print_table(report: dict) -> None:
         if report["client"] == "llama-vim":
             console.print("llama.vim shows a suggestion from its own cache where the typing continues one "
                           "(0 ms, counted in p50 and p95); p50 asked: the pauses it sent a request for; background: "
-                          "its speculative requests after each pause, which the replay assumes the typing outlasts")
+                          "its speculative requests after each pause; pause to answer: from the pause to its "
+                          "suggestion, with the time its request waited for the editor's own background requests "
+                          "(llama.vim sends none while one runs; with --think-ms only)")
 
 
 def progress(done: int, total: int) -> None:
@@ -241,7 +245,8 @@ def register(sub) -> None:
                         "the editor asks again at the line's end (what the server's prefetch answers); 0: never")
     p.add_argument("--think-ms", type=positive(int, zero=True), default=0, metavar="MS",
                    help="each editor's next pause 0.5-1.5x MS after an answer shows (a user typing; its "
-                        "background requests run meanwhile); 0: at once, a closed loop that keeps the server busy")
+                        "background requests run meanwhile, and a pause that comes before they end waits for them "
+                        "as llama.vim does); 0: at once, a closed loop that keeps the server busy")
     p.add_argument("--url", help="use this running server instead of starting one")
     p.add_argument("--api-key", help="with --url: the server's API key")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
