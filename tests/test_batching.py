@@ -2,10 +2,8 @@
 bits it gets alone, and a worker with parallel slots gives every request baseline's tokens alone,
 whatever shares its batches (prompts in chunks, other requests joining and leaving, a cancelled
 one, a method that runs alone, lookup's verification passes under a shared verify budget); the
-budget's choice of drafted positions (TETRIS); a longer time budget waiting while a shorter one
-is in generation, up to the hold limit."""
+budget's choice of drafted positions (TETRIS)."""
 
-import threading
 import time
 
 import pytest
@@ -13,8 +11,6 @@ import torch
 from helpers import ids_of, run_jobs, stdlib_prompts
 
 from dyncomplete.engine import GenerationParams
-from dyncomplete.models.attention import SHORT_QUERY
-from dyncomplete.serve import batching
 from dyncomplete.serve.batching import ModelThread, shared_draft_lengths
 from dyncomplete.serve.prefix_cache import PrefixCache
 from dyncomplete.serve.worker import Job, Worker
@@ -180,96 +176,6 @@ def test_a_cut_verification_gives_the_rows_it_scored(smollm_int4):
     full = smollm_int4.score_chain([ids[-1]] + draft, cache, len(ids) - 1)
     assert len(runs["unlikely"]) == 1 and len(runs["likely"]) == len(draft) + 1
     assert torch.equal(runs["likely"], full) and torch.equal(runs["unlikely"][0], full[0])
-
-
-class CallLog:
-    """The model, with each batched call's (cache, rows) pairs written down."""
-
-    def __init__(self, model):
-        self.model, self.calls = model, []
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def forward_batch(self, steps):
-        self.calls.append([(cache, len(ids)) for ids, cache, _, _ in steps])
-        return self.model.forward_batch(steps)
-
-
-@pytest.mark.parametrize("budget_order", [True, False])
-def test_while_a_shorter_budget_is_in_generation_a_longer_ones_steps_wait(smollm_int4, budget_order):
-    """llama.vim's speculative request (1 s) decodes while the next pause's request (250 ms)
-    prefills and decodes: with budget_order no call holds both, and each keeps its own tokens."""
-    log = CallLog(smollm_int4)
-    thread = ModelThread(log, budget_order=budget_order)
-    thread.start()
-    speculative_ids, pause_ids = (ids_of(smollm_int4, p)[:5 * SHORT_QUERY] for p in stdlib_prompts(2, 400))
-    speculative, pause = smollm_int4.new_cache(), smollm_int4.new_cache()
-    tokens, started = {"speculative": [], "pause": []}, threading.Event()
-
-    def decode(slot, budget_s, name, ids, cache, steps):
-        thread.join(slot, budget_s)
-        try:
-            logits = thread.forward(slot, ids, cache, 0)
-            for k in range(steps):
-                tokens[name].append(int(logits.argmax()))
-                started.set()
-                logits = thread.forward(slot, tokens[name][-1:], cache, len(ids) + k)
-        finally:
-            thread.leave(slot)
-
-    other = threading.Thread(target=decode, args=(0, 1.0, "speculative", speculative_ids, speculative, 40))
-    other.start()
-    try:
-        assert started.wait(60)
-        decode(1, 0.25, "pause", pause_ids, pause, 8)
-        other.join(60)
-    finally:
-        thread.stop()
-    pause_calls = [call for call in log.calls if any(cache is pause for cache, _ in call)]
-    assert sum((pause, SHORT_QUERY) in call for call in pause_calls) == 5  # its prompt, in chunks
-    mixed = [call for call in pause_calls if any(cache is speculative for cache, _ in call)]
-    assert (mixed == []) == budget_order
-    assert (thread.status()["held_steps"] > 0) == budget_order
-    assert tokens["speculative"] == [int(t.argmax()) for t in greedy_alone(smollm_int4, speculative_ids, 39)]
-    assert tokens["pause"] == [int(t.argmax()) for t in greedy_alone(smollm_int4, pause_ids, 7)]
-
-
-@pytest.mark.parametrize("hold_max_s", [0.05, float("inf")])
-def test_a_held_step_goes_in_after_the_hold_limit(smollm_int4, monkeypatch, hold_max_s):
-    """A longer budget is slowed, never stopped: while a shorter budget decodes without a gap, the
-    longer one's prompt chunks go in once each has waited HOLD_MAX_S (without a limit, only after)."""
-    monkeypatch.setattr(batching, "HOLD_MAX_S", hold_max_s)
-    thread = ModelThread(smollm_int4)
-    thread.start()
-    short_ids, long_ids = (ids_of(smollm_int4, p)[: 2 * SHORT_QUERY] for p in stdlib_prompts(2, 400))
-    done, started = {}, threading.Event()
-
-    def short_request():
-        thread.join(1, 0.25)
-        try:
-            cache = smollm_int4.new_cache()
-            logits = thread.forward(1, short_ids, cache, 0)
-            for k in range(150):
-                started.set()
-                logits = thread.forward(1, [int(logits.argmax())], cache, len(short_ids) + k)
-        finally:
-            thread.leave(1)
-            done["short"] = time.perf_counter()
-
-    other = threading.Thread(target=short_request)
-    other.start()
-    try:
-        assert started.wait(60)
-        thread.join(0, 1.0)
-        logits = thread.forward(0, long_ids, smollm_int4.new_cache(), 0)
-        done["long"] = time.perf_counter()
-        thread.leave(0)
-        other.join(60)
-    finally:
-        thread.stop()
-    assert (done["long"] < done["short"]) == (hold_max_s < 1)
-    assert torch.equal(logits, smollm_int4.forward(torch.tensor(long_ids), smollm_int4.new_cache())[0, -1])
 
 
 def test_the_servers_verify_budget_choices_are_the_workers():

@@ -62,8 +62,7 @@ def run(args) -> int:
                         cache_reuse_copies=args.cache_reuse_copies, cache_reuse_near=args.cache_reuse_near,
                         client_memory=args.client_memory == "on",
                         ngram_cache=args.ngram_cache == "on", suggestions=args.suggestions == "on",
-                        prefetch=args.prefetch == "on", verify_budget=args.verify_budget,
-                        budget_order=args.budget_order == "on")
+                        prefetch=args.prefetch == "on", verify_budget=args.verify_budget)
     if args.ray:
         from ..serve.cluster import deploy
 
@@ -112,9 +111,6 @@ def register(sub) -> None:
                    help="with --parallel: which drafted tokens a batched call verifies: those with the most "
                         "expected tokens per unit of work across the batch (TETRIS), or every request's own draft "
                         "whole")
-    p.add_argument("--budget-order", default="on", choices=["on", "off"],
-                   help="with --parallel: while a request is in generation, requests with a longer t_max_predict_ms "
-                        "(llama.vim's speculative ones) wait, unless nothing else is ready (at most 0.5 s a step)")
     p.add_argument("--timeout", type=positive(float), default=60.0,
                    help="seconds a request may take, queue and tokenising included")
     p.add_argument("--max-tokens-limit", type=positive(int), default=1024, help="largest max_tokens accepted")

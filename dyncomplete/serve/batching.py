@@ -11,13 +11,6 @@ the others' tokens by one chunk a step, not by its whole prefill; decode steps t
 rows before prompt chunks. Requests whose method is not batchable run whole on the model thread,
 alone, between batches (`run_alone`).
 
-With `budget_order`, a request's time budget (llama.cpp's `t_max_predict_ms`) ranks it: while a
-request is in generation, the steps of requests with a longer budget wait, unless nothing else
-is ready or they have waited HOLD_MAX_S. llama.vim sends the request a user waits on at each pause
-with 250 ms and the speculative one after it with its configured 1,000 ms, so one editor's pause is
-prefilled and decoded beside the other editors' pauses only, not beside their speculative
-requests' rows. A request without a budget neither waits nor makes others wait.
-
 Speculative requests whose drafts are chains of token ids (`lookup`) verify in the same batches
 (`score_chain`). A batch's rows then share one verify budget, as TETRIS (Wu et al., 2025)
 shares it: with `verify_row_cost` (what one more row costs against a one-row step, measured by
@@ -43,8 +36,6 @@ import torch
 
 from ..models.attention import SHORT_QUERY
 
-HOLD_MAX_S = 0.5  # a step of a longer budget waits at most this long: slowed, never stopped
-
 
 @dataclass(eq=False)
 class _Step:
@@ -54,7 +45,6 @@ class _Step:
     logit_rows: int  # how many of the last positions' logits the slot waits for
     slot: int
     rates: list[float] | None = None  # a draft's (ids[1:]) acceptance estimates: a verify step
-    handed_in: float = field(default_factory=time.perf_counter)
     done: threading.Event = field(default_factory=threading.Event)
     result: torch.Tensor | None = None
     error: BaseException | None = None
@@ -103,18 +93,17 @@ class ModelThread:
     """Runs every model pass of the slots: batched steps and whole requests alone."""
 
     def __init__(self, model, max_rows: int = 4 * SHORT_QUERY, gather_s: float = 0.005,
-                 verify_row_cost: float | None = None, budget_order: bool = True):
+                 verify_row_cost: float | None = None):
         self.model, self.max_rows, self.gather_s = model, max_rows, gather_s
-        self.verify_row_cost, self.budget_order = verify_row_cost, budget_order
+        self.verify_row_cost = verify_row_cost
         self._cond = threading.Condition()
         self._steps: list[_Step] = []
         self._alone: list[_Alone] = []
-        self._members: dict[int, float | None] = {}  # slots in generation (each will hand in a step soon) -> budget
+        self._members: set[int] = set()  # slots in generation: each will hand in a step soon
         self._stopped = False
         self.batch_sizes: Counter[int] = Counter()  # sequences per batched call -> how many calls
         self.batch_rows = 0
         self.drafted_rows = self.cut_rows = 0  # drafted positions handed in; of them, cut by the shared budget
-        self.held_steps = 0  # steps that waited a call for a request with a shorter budget
         self._thread = threading.Thread(target=self._loop, name="dyncomplete-model", daemon=True)
 
     def start(self) -> None:
@@ -129,14 +118,13 @@ class ModelThread:
             self._cond.notify_all()
         self._thread.join(timeout=10)
 
-    def join(self, slot: int, budget_s: float | None = None) -> None:
-        """The slot's request is in generation until `leave`; `budget_s`: its time budget, if any."""
+    def join(self, slot: int) -> None:
         with self._cond:
-            self._members[slot] = budget_s or None
+            self._members.add(slot)
 
     def leave(self, slot: int) -> None:
         with self._cond:
-            self._members.pop(slot, None)
+            self._members.discard(slot)
             self._cond.notify_all()  # the model thread may be waiting for this slot's step
 
     def forward(self, slot: int, ids: list[int], cache, start: int, logits: bool = True) -> torch.Tensor | None:
@@ -200,7 +188,7 @@ class ModelThread:
         """Wait (lock held) until every slot in generation has a step in, or `gather_s` passed."""
         deadline = time.perf_counter() + self.gather_s
         while not self._stopped:
-            waiting = self._members.keys() - {step.slot for step in self._steps}
+            waiting = self._members - {step.slot for step in self._steps}
             left = deadline - time.perf_counter()
             if not waiting or left <= 0:
                 return
@@ -209,7 +197,7 @@ class ModelThread:
     def _take(self) -> list:
         """This batch (lock held): decode and verification steps first, then prompt chunks, up to
         max_rows rows; a request waiting to run alone goes after the steps that were already in."""
-        order = sorted(self._ready(), key=lambda s: s.rows() > 1 and s.rates is None)  # prompt chunks last
+        order = sorted(self._steps, key=lambda s: s.rows() > 1 and s.rates is None)  # prompt chunks last
         batch, rows = [], 0
         for step in order:
             if batch and rows + step.rows() > self.max_rows:
@@ -220,20 +208,6 @@ class ModelThread:
         if self._alone:
             batch.append(self._alone.pop(0))
         return batch
-
-    def _ready(self) -> list[_Step]:
-        """The steps this call may take (lock held): under `budget_order`, not those of requests
-        with a longer budget than one in generation, unless no other step is in or they have
-        waited HOLD_MAX_S."""
-        shortest = min((b for b in self._members.values() if b is not None), default=None)
-        if not self.budget_order or shortest is None:
-            return self._steps
-        now = time.perf_counter()
-        ready = [s for s in self._steps if (b := self._members.get(s.slot)) is None or b <= shortest
-                 or now - s.handed_in >= HOLD_MAX_S]
-        if ready:
-            self.held_steps += len(self._steps) - len(ready)
-        return ready or self._steps
 
     def _run(self, steps: list[_Step]) -> None:
         model = self.model
@@ -284,7 +258,7 @@ class ModelThread:
             return {"batched_calls": calls, "batch_sizes": dict(sorted(self.batch_sizes.items())),
                     "mean_batch_rows": round(self.batch_rows / calls, 2) if calls else 0.0,
                     "in_generation": len(self._members), "drafted_rows": self.drafted_rows,
-                    "drafted_rows_cut": self.cut_rows, "held_steps": self.held_steps,
+                    "drafted_rows_cut": self.cut_rows,
                     "verify_budget": "per-request" if self.verify_row_cost is None else "shared"}
 
 

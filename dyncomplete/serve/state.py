@@ -33,7 +33,6 @@ class Settings:
     queue_size: int = 16
     parallel: int = 1  # requests generated at once; past 1, baseline's and lookup's steps are batched (serve/batching.py)
     verify_budget: str = "shared"  # with parallel: drafted rows chosen across the batch, or each request's own ("per-request")
-    budget_order: bool = True  # with parallel: longer time budgets wait while a shorter one is in generation
     request_timeout_s: float = 60.0
     max_tokens_limit: int = 1024
     context_budget: int = DEFAULT_CONTEXT_BUDGET
@@ -63,7 +62,7 @@ class Server:
         self.worker = Worker(model, self.methods, settings.queue_size, settings.context_budget, self.prefix_cache,
                              self.client_files, self.client_history, settings.suffix_budget, settings.cursor_line,
                              settings.parallel, Suggestions() if settings.suggestions else None, settings.prefetch,
-                             settings.verify_budget, settings.budget_order)
+                             settings.verify_budget)
         self.method_families = families()
         healing.sorted_token_texts(model.tokenizer)  # decoded and sorted once now, not by the first request's token healing
 

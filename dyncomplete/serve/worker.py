@@ -106,12 +106,11 @@ class Worker:
                  prefix_cache: PrefixCache, client_files: ClientFiles | None = None,
                  client_history: ClientHistory | None = None, suffix_budget: int = 0, cursor_line: str = "middle",
                  parallel: int = 1, suggestions: Suggestions | None = None, prefetch: bool = False,
-                 verify_budget: str = "shared", budget_order: bool = True):
+                 verify_budget: str = "shared"):
         """`methods`: the names requests may pick, all built here; `cursor_line`: see prompts.CURSOR_LINES;
         `parallel`: requests generated at once (continuous batching past 1); `suggestions`: answers
         kept for reuse (None: none); `prefetch`: with them and one slot, prefetch in idle time;
-        `verify_budget`: with slots, "shared" (batching.shared_draft_lengths) or "per-request";
-        `budget_order`: with slots, longer time budgets wait while a shorter one is in generation (batching.py)."""
+        `verify_budget`: with slots, "shared" (batching.shared_draft_lengths) or "per-request"."""
         if parallel < 1:
             raise ValueError(f"parallel needs at least 1 slot, got {parallel}")
         if verify_budget not in VERIFY_BUDGETS:
@@ -134,7 +133,7 @@ class Worker:
         self.model_thread = None
         if parallel > 1:
             row_cost = verify_cost(model) if verify_budget == "shared" else None
-            self.model_thread = ModelThread(model, verify_row_cost=row_cost, budget_order=budget_order)
+            self.model_thread = ModelThread(model, verify_row_cost=row_cost)
         self._slots = [threading.Thread(target=self._loop, args=(slot,), name=f"dyncomplete-slot-{slot}", daemon=True)
                        for slot in range(parallel)]
         # building the methods (exit heads, shortlists) and measuring the verify cost ran tensor
@@ -282,7 +281,7 @@ class Worker:
             return run(self.model)
         if not method.batchable:
             return self.model_thread.run_alone(lambda: run(self.model))
-        self.model_thread.join(slot, params.editor.time_limit_s if params.editor is not None else None)
+        self.model_thread.join(slot)
         try:
             return run(BatchedModel(self.model, self.model_thread, slot))
         finally:
