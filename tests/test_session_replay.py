@@ -264,7 +264,7 @@ def test_a_pause_that_comes_before_the_background_requests_end_waits_for_them(se
     suggestion shows waits for the speculative request, until llama.vim's next retry, and the
     replay counts that wait in `waited_s` and sends the request only then."""
     url, _ = served
-    cursors = session.cursors_of(typed_file(tmp_path), "down", 0.5, 4)
+    cursors = session.cursors_of(typed_file(tmp_path), "down", 0.5, 6)
     headers = {"Authorization": f"Bearer {SERVE_KEY}"}
     fast = session.replay_editor(url, "smollm2-135m", "llama-vim", cursors, 8, headers, think_ms=2)
     retry = llama_vim.RETRY_S
