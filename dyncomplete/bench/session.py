@@ -495,8 +495,9 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
                   seed: int = 0) -> list[dict]:
     """Every cursor's request as `client` sends it, after a warm-up request that is not counted;
     a client with a warming request sends it once per typed file, before that file's pauses.
-    `accept_ms` > 0: a suggestion the user `takes` is taken that long after it shows, and the editor
-    asks again at the end of the line (llama.vim and llama.vscode ask whenever the cursor moves);
+    `accept_ms` > 0: a suggestion the user `takes` is taken that long after the pause's background
+    requests are answered (the wait for them is not counted), and the editor asks again at the end
+    of the line (llama.vim and llama.vscode ask whenever the cursor moves);
     the line's later pauses are then skipped (it is typed). `think_ms` > 0: the user types between
     pauses for 0.5-1.5x `think_ms` (uniform, from `seed`) after an answer shows, and starts after a
     random part of one `think_ms`, so that editors typing at once do not keep in step; the next
