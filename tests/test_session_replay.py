@@ -7,6 +7,7 @@ import sysconfig
 import tomllib
 from pathlib import Path
 
+import httpx
 import pytest
 from helpers import BODIES, SERVE_KEY
 
@@ -280,6 +281,32 @@ def test_a_pause_that_comes_before_the_background_requests_end_waits_for_them(se
     assert sum(r["held_back_s"] > 0 for r in fast) >= 2
     summary = session.summarise_editor(fast)
     assert summary["held_back_share"] == sum(r["held_back_s"] > 0 for r in fast) / len(fast)
+
+
+@pytest.mark.model
+def test_a_typing_editor_asks_at_its_keystrokes_and_the_server_answers_every_request_counted(served, tmp_path):
+    """--keystroke-ms: llama.vim asks at every typed character while none of its requests runs, so
+    the pauses on a later line come after the line before them was typed character by character
+    and after requests sent meanwhile; the server finishes exactly the requests the replay counts."""
+    url, _ = served
+    cursors = session.cursors_of(typed_file(tmp_path), "down", 0.5, 4)
+    headers = {"Authorization": f"Bearer {SERVE_KEY}"}
+
+    def finished() -> int:
+        worker = httpx.get(f"{url}/health", headers=headers).json()["worker"]
+        return sum(n for key, n in worker.items() if key.startswith("stopped_"))
+
+    before = finished()
+    results = session.replay_editor(url, "smollm2-135m", "llama-vim", cursors, 8, headers, keystroke_ms=40)
+    sent = 1 + sum(not r["from_cache"] for r in results) + sum(r["background_requests"] for r in results)
+    assert finished() - before == sent  # the warm-up, the pauses' own and those sent while typing
+    assert sum(r["background_requests"] for r in results[1:]) >= len(results) - 1
+    for r, cursor, after in zip(results[1:], cursors, cursors[1:]):
+        keys = len(cursor.line_text) - len(cursor.typed) + after.line - cursor.line  # the line's rest, Enter
+        assert 0.5 * 0.04 * keys - 0.01 <= r["think_s"]
+        assert r["waited_s"] >= r["held_back_s"] >= 0
+    with pytest.raises(ValueError, match="llama-vim only"):
+        session.replay_editor(url, "smollm2-135m", "llama-vim", cursors, 8, headers, think_ms=100, keystroke_ms=40)
 
 
 @pytest.mark.model

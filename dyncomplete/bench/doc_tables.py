@@ -127,6 +127,9 @@ SESSION_COLUMNS = {
     "held_back": Column("pauses behind their editor's background requests", "held_back_share", _pct),
     "editors": Column("editors at once", lambda r: r.get("editors", r["run"].get("editors", 1))),
     "think": Column("typing ms between pauses (mean)", lambda r: r["run"].get("think_ms", 0)),
+    "keystroke": Column("ms between keystrokes (mean)", lambda r: r["run"].get("keystroke_ms", 0)),
+    "requests_per_pause": Column("requests per pause", lambda r: 1 - r["from_client_cache"] + r["background_requests"]
+                                 if "background_requests" in r else None, _fixed(1)),
     "per_s": Column("completions per s", "completions_per_s", _fixed(2)),
     "batch_p50": Column("sequences per batched call (median)", "batch_p50", _fixed(0)),
     "tokens_per_s": Column("tokens generated per s", "tokens_per_s", _fixed(1)),

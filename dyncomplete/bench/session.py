@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from . import llama_vim
+from . import llama_vim, llama_vim_typing
 from .llama_vim import indent_of
 from ..serve.forward import REPLICA_HEADER
 from ..serve.suggestions import shown
@@ -391,6 +391,14 @@ class Pauses:
         return 0.0
 
 
+def llama_vim_body(context: llama_vim.Context, extra: list[dict], n_predict: int, predict_ms: int) -> Request:
+    """llama.vim's request for `context`, with its generation budget `predict_ms`."""
+    return Request(template("llama_vim_infill.json") | {
+        "input_prefix": context.prefix, "input_suffix": context.suffix, "input_extra": extra,
+        "prompt": context.middle, "n_indent": context.indent, "n_predict": n_predict,
+        "t_max_predict_ms": predict_ms}, "")
+
+
 class LlamaVimPauses(Pauses):
     """llama.vim at each pause (`llama_vim`): the suggestion from its own cache where it has one
     (nothing sent, nothing waited for), else the request with its 250 ms budget; then, once the
@@ -410,12 +418,8 @@ class LlamaVimPauses(Pauses):
 
     def ask(self, http: httpx.Client, endpoint: str, context: llama_vim.Context, extra: list[dict],
             predict_ms: int) -> dict:
-        body = template("llama_vim_infill.json") | {
-            "input_prefix": context.prefix, "input_suffix": context.suffix, "input_extra": extra,
-            "prompt": context.middle, "n_indent": context.indent, "n_predict": self.n_predict,
-            "t_max_predict_ms": predict_ms}
         self.last_indent = context.indent
-        answer = post_infill(http, endpoint, Request(body, ""))
+        answer = post_infill(http, endpoint, llama_vim_body(context, extra, self.n_predict, predict_ms))
         self.cache.insert(context, answer["text"])
         return answer
 
@@ -492,7 +496,7 @@ def taken(cursor: Cursor, text: str) -> Cursor:
 
 def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_predict: int,
                   headers: dict | None = None, progress=None, accept_ms: int = 0, think_ms: int = 0,
-                  seed: int = 0) -> list[dict]:
+                  seed: int = 0, keystroke_ms: int = 0) -> list[dict]:
     """Every cursor's request as `client` sends it, after a warm-up request that is not counted;
     a client with a warming request sends it once per typed file, before that file's pauses.
     `accept_ms` > 0: a suggestion the user `takes` is taken that long after the pause's background
@@ -503,7 +507,12 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
     random part of one `think_ms`, so that editors typing at once do not keep in step; the next
     pause comes then; a request it asks waits for the client's own background requests as the
     client does (`Pauses.held_back_s`), and `waited_s` counts from the pause to the answer. 0 asks
-    again as soon as the background requests are answered (a closed loop: the server never idles)."""
+    again as soon as the background requests are answered (a closed loop: the server never idles).
+    `keystroke_ms` > 0 (llama-vim only): every character typed between the pauses, as `replay_typing`."""
+    if keystroke_ms:
+        if client != "llama-vim" or accept_ms or think_ms:
+            raise ValueError("keystrokes are replayed for llama-vim only, without accept_ms and think_ms")
+        return replay_typing(url, model, cursors, n_predict, headers, progress, keystroke_ms, seed)
     spec = CLIENTS[client]
     chunks = {file: ring_chunks(Path(file)) for file in sorted({c.file for c in cursors})}
     endpoint, results, pauses = f"{url}{spec.route}", [], spec.pauses(spec, n_predict, model)
@@ -541,6 +550,71 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
             time.sleep(results[-1]["think_s"])
             if progress:
                 progress(i + 1, len(cursors))
+    return results
+
+
+SHOW_LIMIT_S = 120.0  # a pause whose suggestion has not shown by then fails the replay
+
+
+def replay_typing(url: str, model: str, cursors: list[Cursor], n_predict: int, headers: dict | None,
+                  progress, keystroke_ms: int, seed: int) -> list[dict]:
+    """llama.vim while its user types every character between the pauses (`llama_vim_typing`),
+    0.5-1.5x `keystroke_ms` apart (uniform, from `seed`), from the moment the suggestion of the
+    pause before shows; a pause on another line types the rest of the line before it, then Enter.
+    `waited_s` (and `latency_s`) count from a pause's last keystroke to the suggestion shown there;
+    `held_back_s` is how long the pause's own request waited for an earlier one (0 where none was
+    sent after the pause); `background_requests`, the other requests sent since the pause before."""
+    spec = CLIENTS["llama-vim"]
+    chunks = {file: ring_chunks(Path(file)) for file in sorted({c.file for c in cursors})}
+    endpoint, files, results = f"{url}{spec.route}", {}, []
+    keys, before, replay_start = random.Random(seed), None, time.perf_counter()
+    time.sleep(keys.uniform(0, 1))  # editors typing at once do not keep in step
+    with httpx.Client(headers=headers or {}, timeout=600) as http:
+        extra = {}
+        editor = llama_vim_typing.TypingEditor(
+            lambda context, predict_ms: post_infill(http, endpoint, llama_vim_body(
+                context, extra["now"], n_predict, predict_ms)))
+        try:
+            shown_s = time.perf_counter()
+            for i, cursor in enumerate(cursors):
+                if cursor.file not in files:
+                    text = Path(cursor.file).read_text(encoding="utf-8", errors="replace")
+                    files[cursor.file] = tuple(text.splitlines())
+                lines = files[cursor.file]
+                if i == 0:  # one token, as the pause replay warms up
+                    spec.send(http, endpoint, spec.request(cursor, chunks[cursor.file], 1, model))
+                if i and cursor.file != cursors[i - 1].file:
+                    editor.settle(SHOW_LIMIT_S)
+                extra["now"] = chunks[cursor.file]
+                pause = llama_vim_typing.At(lines, cursor.line - 1, cursor.typed)
+                line_text = cursors[i - 1].line_text if i else None
+                at_s = shown_s
+                for at in llama_vim_typing.typed_between(lines, before, pause, line_text):
+                    at_s += keys.uniform(0.5, 1.5) * keystroke_ms / 1000
+                    editor.run_until(at_s)
+                    paused_s = time.perf_counter()
+                    editor.move(at)
+                shown = editor.wait_shown(pause, SHOW_LIMIT_S)
+                previous_shown_s, shown_s = shown_s, time.perf_counter()
+                waited = shown_s - paused_s
+                own = shown.answer[1] if shown.answer is not None and shown.answer[0] >= paused_s else None
+                answer = own if own is not None else {
+                    "ttft_s": None, "text": shown.content, "prompt_evaluated": None, "prompt_reused": None,
+                    "generated": None, "replica": None, "reused": None}
+                request = spec.request(cursor, chunks[cursor.file], n_predict, model)
+                held = editor.held_back_s(editor.context(pause, None), paused_s) if own is not None else 0.0
+                results.append(scored(answer | {"latency_s": waited}, request) | {
+                    "pause": i, "where": f"{cursor.file}:{cursor.line}:{len(cursor.typed)}", "after_accept": False,
+                    "at_s": paused_s - replay_start, "from_cache": own is None, "held_back_s": held,
+                    "waited_s": waited, "think_s": paused_s - previous_shown_s,
+                    "background_s": editor.busy_s(previous_shown_s, paused_s),
+                    "background_requests": editor.requests_between(previous_shown_s, shown_s) - (own is not None)})
+                before = pause
+                if progress:
+                    progress(i + 1, len(cursors))
+            editor.settle(SHOW_LIMIT_S)
+        finally:
+            editor.close()
     return results
 
 
@@ -583,7 +657,7 @@ def served_columns(before: dict | None, after: dict | None, requests: int, wall_
 
 def replay_editors(url: str, model: str, client: str, cursors: list[Cursor], n_predict: int,
                    headers: dict | None = None, editors: int = 1, progress=None,
-                   accept_ms: int = 0, think_ms: int = 0) -> tuple[list[dict], dict]:
+                   accept_ms: int = 0, think_ms: int = 0, keystroke_ms: int = 0) -> tuple[list[dict], dict]:
     """`editors` editors typing at once (`replay_editor` each, in its own thread), each its own
     files (round-robin over the cursors' files in order) and its own X-Client-Id. Returns the
     results, editor by editor, and `served_columns` (its requests: every pause the server answered,
@@ -603,7 +677,7 @@ def replay_editors(url: str, model: str, client: str, cursors: list[Cursor], n_p
     def editor(k: int) -> list[dict]:
         own = (headers or {}) | ({"X-Client-Id": f"editor-{k}"} if editors > 1 else {})
         return [r | {"editor": k} for r in replay_editor(url, model, client, groups[k], n_predict, own, tick,
-                                                         accept_ms, think_ms, seed=k)]
+                                                         accept_ms, think_ms, seed=k, keystroke_ms=keystroke_ms)]
 
     with httpx.Client(headers=headers or {}, timeout=60) as http:
         before = server_counters(http, url)

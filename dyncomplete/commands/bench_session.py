@@ -77,6 +77,9 @@ def print_table(report: dict) -> None:
                           "its speculative requests after each pause; pause to answer: from the pause to its "
                           "suggestion, with the time its request waited for the editor's own background requests "
                           "(llama.vim sends none while one runs; with --think-ms only)")
+        if report.get("keystroke_ms"):
+            console.print("--keystroke-ms: llama.vim asked at the typed characters too; every latency counts from "
+                          "the pause's last keystroke; background: the requests sent since the pause before")
 
 
 def progress(done: int, total: int) -> None:
@@ -143,6 +146,9 @@ def editor_report(args, sources: list[Path]) -> dict:
         raise ValueError("--server-args are llama-server's: add --server llama-server")
     if args.dyncomplete_args and "dyncomplete" not in args.server:
         raise ValueError("--dyncomplete-args are dyncomplete's: add --server dyncomplete")
+    if args.keystroke_ms and (args.client != "llama-vim" or args.think_ms or args.accept_ms):
+        raise ValueError("--keystroke-ms replays llama.vim's keystrokes: --client llama-vim, without --think-ms "
+                         "and --accept-ms")
     if args.url and len(args.concurrent) > 1:
         raise ValueError("several --concurrent values start a server for each; give one with --url")
     cursors = [c for path in sources for c in cursors_of(path, args.pattern, args.start, args.lines)]
@@ -153,7 +159,8 @@ def editor_report(args, sources: list[Path]) -> dict:
 
     def go(name, url, headers, editors):
         results, served = replay_editors(url, args.model, args.client, cursors, args.n_predict, headers,
-                                         editors, accept_ms=args.accept_ms, think_ms=args.think_ms)
+                                         editors, accept_ms=args.accept_ms, think_ms=args.think_ms,
+                                         keystroke_ms=args.keystroke_ms)
         # by cursor, not by editor and pause: rows with other editor counts share the pauses out apart
         texts[name] = {r["where"]: r["text"] for r in results if not r["after_accept"]}
         first = next(iter(texts.values()))
@@ -178,7 +185,7 @@ def editor_report(args, sources: list[Path]) -> dict:
     counts = args.concurrent[0] if len(args.concurrent) == 1 else args.concurrent
     return {"model": args.model, "method": args.method, "client": args.client, "pattern": args.pattern,
             "route": CLIENTS[args.client].route, "n_predict": args.n_predict, "editors": counts,
-            "accept_ms": args.accept_ms, "think_ms": args.think_ms,
+            "accept_ms": args.accept_ms, "think_ms": args.think_ms, "keystroke_ms": args.keystroke_ms,
             "files": sorted({c.file for c in cursors}), "pauses": len(cursors), "rows": rows}
 
 
@@ -247,6 +254,10 @@ def register(sub) -> None:
                    help="each editor's next pause 0.5-1.5x MS after an answer shows (a user typing; its "
                         "background requests run meanwhile, and a pause that comes before they end waits for them "
                         "as llama.vim does); 0: at once, a closed loop that keeps the server busy")
+    p.add_argument("--keystroke-ms", type=positive(int, zero=True), default=0, metavar="MS",
+                   help="--client llama-vim: type every character between the pauses, 0.5-1.5x MS apart, from when "
+                        "the pause before shows its suggestion; llama.vim asks at every keystroke, one request at "
+                        "a time (not with --think-ms or --accept-ms); 0: requests at the pauses only")
     p.add_argument("--url", help="use this running server instead of starting one")
     p.add_argument("--api-key", help="with --url: the server's API key")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
