@@ -141,6 +141,7 @@ SESSION_COLUMNS = {
     "home": Column("pauses on the editor's main replica", "home_replica_share", _pct),
     "replicas": Column("replicas that answered", "replicas"),
     "reused": Column("answered from kept answers", "reused_share", _pct),
+    "server_reused": Column("requests answered from kept answers", "server_reused_share", _pct),
     "taken": Column("asked after a suggestion was taken", "after_accept"),
     "taken_p50": Column("p50 ms of those", "after_accept_p50_ms", _fixed(0)),
     "prefetch_hits": Column("of those, from the prefetch", "prefetch_hits", _pct),

@@ -629,6 +629,7 @@ def server_counters(http: httpx.Client, url: str) -> dict | None:
     batching = health["worker"].get("batching", {})
     return {"hits": health["prefix_cache"]["hits"], "lookups": health["prefix_cache"]["lookups"],
             "tokens": health["worker"].get("tokens_generated", 0),
+            "reused": sum(n for key, n in health["worker"].items() if key.startswith("reused_")),
             "drafted_rows": batching.get("drafted_rows", 0), "drafted_rows_cut": batching.get("drafted_rows_cut", 0),
             "batch_sizes": {int(k): v for k, v in batching.get("batch_sizes", {}).items()}}
 
@@ -636,12 +637,14 @@ def server_counters(http: httpx.Client, url: str) -> dict | None:
 def served_columns(before: dict | None, after: dict | None, requests: int, wall_s: float) -> dict:
     """Completions the server answered per second of the replay, and over the replay, where the
     server reports them, the tokens it generated per second, its prefix-cache hits per lookup, the
-    median sequences per batched call and the drafted rows its batches verified and cut."""
+    share of the requests it answered from kept answers (without the model), the median sequences
+    per batched call and the drafted rows its batches verified and cut."""
     out = {"completions_per_s": requests / wall_s, "server_requests": requests, "wall_s": wall_s,
-           "tokens_per_s": None, "prefix_cache_hit_share": None, "batch_p50": None, "batch_sizes": None,
-           "drafted_rows": None, "drafted_rows_cut": None}
+           "tokens_per_s": None, "prefix_cache_hit_share": None, "server_reused_share": None, "batch_p50": None,
+           "batch_sizes": None, "drafted_rows": None, "drafted_rows_cut": None}
     if before is None or after is None:
         return out
+    out["server_reused_share"] = (after.get("reused", 0) - before.get("reused", 0)) / requests if requests else None
     lookups = after["lookups"] - before["lookups"]
     out["prefix_cache_hit_share"] = (after["hits"] - before["hits"]) / lookups if lookups else None
     out["tokens_per_s"] = (after["tokens"] - before["tokens"]) / wall_s
