@@ -59,7 +59,6 @@ def typed_between(lines: tuple[str, ...], before: At | None, pause: At, line_tex
 class Job:
     future: Future
     context: Context
-    sent_s: float
 
 
 @dataclass
@@ -123,7 +122,7 @@ class TypingEditor:
             return
         self.last_indent = context.indent
         predict_ms = SPECULATIVE_PREDICT_MS if prev else FIRST_PREDICT_MS
-        self.job = Job(self.pool.submit(self.send, context, predict_ms), context, now)
+        self.job = Job(self.pool.submit(self.send, context, predict_ms), context)
         self.sent.append((now, None, context.key(), retried))
 
     def answered(self) -> None:
@@ -131,7 +130,7 @@ class TypingEditor:
         job = self.job  # the handlers below still see it running, as the plugin's do
         answer = job.future.result()
         now = time.perf_counter()
-        self.sent[-1] = self.sent[-1][:1] + (now,) + self.sent[-1][2:]
+        self.sent[-1] = self.sent[-1][:1] + (now,) + self.sent[-1][2:]  # the one request running is the last sent
         self.cache.insert(job.context, answer["text"])
         self.answers[job.context.key()] = (now, answer)
         if self.shown is None:

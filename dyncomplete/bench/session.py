@@ -570,7 +570,7 @@ def replay_typing(url: str, model: str, cursors: list[Cursor], n_predict: int, h
     keys, before, replay_start = random.Random(seed), None, time.perf_counter()
     time.sleep(keys.uniform(0, 1))  # editors typing at once do not keep in step
     with httpx.Client(headers=headers or {}, timeout=600) as http:
-        extra = {}
+        extra = {}  # "now": the ring chunks of the file being typed, which every request sends
         editor = llama_vim_typing.TypingEditor(
             lambda context, predict_ms: post_infill(http, endpoint, llama_vim_body(
                 context, extra["now"], n_predict, predict_ms)))
