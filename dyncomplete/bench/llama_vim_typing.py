@@ -56,9 +56,20 @@ def typed_between(lines: tuple[str, ...], before: At | None, pause: At, line_tex
 
 
 @dataclass
+class Sent:
+    """One request of the plugin: when it went out and was answered, its text's key, and whether
+    the timer's retry sent it (it waited for an earlier request)."""
+    at_s: float
+    key: str
+    retried: bool
+    answered_s: float | None = None
+
+
+@dataclass
 class Job:
     future: Future
     context: Context
+    sent: Sent
 
 
 @dataclass
@@ -83,7 +94,7 @@ class TypingEditor:
         self.job: Job | None = None
         self.timer: tuple[float, At | None, list[str] | None] | None = None  # (due, cursor or None: current, prev)
         self.last_indent = 0  # s:indent_last
-        self.sent: list[tuple[float, float | None, str, bool]] = []  # (sent at, answered at, context key, retried)
+        self.sent: list[Sent] = []
         self.answers: dict[str, tuple[float, dict]] = {}  # context key -> (answered at, answer)
 
     def close(self) -> None:
@@ -122,17 +133,17 @@ class TypingEditor:
             return
         self.last_indent = context.indent
         predict_ms = SPECULATIVE_PREDICT_MS if prev else FIRST_PREDICT_MS
-        self.job = Job(self.pool.submit(self.send, context, predict_ms), context)
-        self.sent.append((now, None, context.key(), retried))
+        sent = Sent(now, context.key(), retried)
+        self.sent.append(sent)
+        self.job = Job(self.pool.submit(self.send, context, predict_ms), context, sent)
 
     def answered(self) -> None:
         """`s:fim_on_response`, then `s:fim_on_exit`."""
         job = self.job  # the handlers below still see it running, as the plugin's do
         answer = job.future.result()
-        now = time.perf_counter()
-        self.sent[-1] = self.sent[-1][:1] + (now,) + self.sent[-1][2:]  # the one request running is the last sent
+        now = job.sent.answered_s = time.perf_counter()
         self.cache.insert(job.context, answer["text"])
-        self.answers[job.context.key()] = (now, answer)
+        self.answers[job.sent.key] = (now, answer)
         if self.shown is None:
             self.try_hint(self.cursor)
         self.job = None
@@ -178,14 +189,15 @@ class TypingEditor:
     def busy_s(self, start: float, end: float) -> float:
         """How long a request of the editor ran between `start` and `end`."""
         now = time.perf_counter()
-        return sum(max(0.0, min(end, b if b is not None else now) - max(start, a)) for a, b, _, _ in self.sent)
+        return sum(max(0.0, min(end, now if r.answered_s is None else r.answered_s) - max(start, r.at_s))
+                   for r in self.sent)
 
     def requests_between(self, start: float, end: float) -> int:
-        return sum(start <= a < end for a, _, _, _ in self.sent)
+        return sum(start <= r.at_s < end for r in self.sent)
 
     def held_back_s(self, context: Context, paused_s: float) -> float:
         """How long the request for `context`, sent after a pause at `paused_s`, waited for an
         earlier one (0: sent at once, or not sent after the pause)."""
         key = context.key()
-        sent = next(((a, retried) for a, _, k, retried in reversed(self.sent) if k == key and a >= paused_s), None)
-        return sent[0] - paused_s if sent is not None and sent[1] else 0.0
+        sent = next((r for r in reversed(self.sent) if r.key == key and r.at_s >= paused_s), None)
+        return sent.at_s - paused_s if sent is not None and sent.retried else 0.0
