@@ -8,28 +8,29 @@ import torch
 
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods.baseline import Baseline
-from dyncomplete.models import KVCache, layered
-from dyncomplete.models.rotary import rotate_keys, shift_frequencies
-from dyncomplete.serve.chunk_reuse import Chunk, plan_chunks, split_stale
+from dyncomplete.models import KVCache, layered, native
+from dyncomplete.models.native import bindings
+from dyncomplete.models.rotary import rotate_keys, shift_angles, shift_frequencies
+from dyncomplete.serve.chunk_reuse import Chunk, Runs, plan_chunks, split_stale
 from dyncomplete.serve.prefix_cache import RECENT_PROMPTS, PrefixCache
 
 
 def test_plan_copies_the_prefix_and_the_moved_suffix_but_not_the_new_tokens():
     old = tuple(range(100))
     new = list(range(40)) + [900, 901, 902] + list(range(40, 100))
-    assert plan_chunks(old, new, 8) == [Chunk(0, 40, 0), Chunk(43, 103, 40)]
+    assert plan_chunks(Runs(old, 8), Runs(new, 8)) == [Chunk(0, 40, 0), Chunk(43, 103, 40)]
 
 
 def test_plan_drops_a_window_start_and_ignores_runs_shorter_than_the_minimum():
     old = tuple(range(100))
     new = [500] + list(range(10, 60)) + list(range(200, 205)) + list(range(60, 64))
-    assert plan_chunks(old, new, 8) == [Chunk(1, 51, 10)]  # 60..63 is 4 tokens: under the minimum
+    assert plan_chunks(Runs(old, 8), Runs(new, 8)) == [Chunk(1, 51, 10)]  # 60..63 is 4 tokens: under the minimum
 
 
 def test_plan_keeps_cached_order():
     old = tuple(range(50))
     new = list(range(30, 50)) + list(range(0, 30))  # swapped halves: only the first run can follow order
-    assert plan_chunks(old, new, 8) == [Chunk(0, 20, 30)]
+    assert plan_chunks(Runs(old, 8), Runs(new, 8)) == [Chunk(0, 20, 30)]
 
 
 def test_positions_copied_to_the_limit_are_prefilled_again_and_the_common_prefix_stays():
@@ -84,6 +85,20 @@ def test_rotating_a_key_by_d_gives_the_key_at_the_position_d_further():
     moved = rotate_keys(at_10, 37, inv_freq)
     assert torch.allclose(moved, rope(raw, list(range(47, 52))), atol=1e-4)
     assert torch.allclose(rotate_keys(moved, -37, inv_freq), at_10, atol=1e-4)
+
+
+def test_native_key_rotation_gives_the_bits_of_pytorchs_for_every_layer():
+    if not native.available():
+        pytest.skip("no C compiler here")
+    torch.manual_seed(1)
+    layers, heads, dim, n = 3, 2, 64, 37
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, dim, 2).float() / dim))
+    src = [(torch.randn(1, heads, dim, 256) * 4).to(torch.bfloat16) for _ in range(layers)]
+    dst = [torch.zeros(1, heads, dim, 512, dtype=torch.bfloat16) for _ in range(layers)]
+    bindings.rotate_keys(src, 100, dst, 301, n, *shift_angles(201, inv_freq))
+    for k, out in zip(src, dst):
+        assert torch.equal(out[..., 301:301 + n], rotate_keys(k[..., 100:100 + n], 201, inv_freq))
+        assert not out[..., :301].any() and not out[..., 301 + n:].any()  # nothing written outside the chunk
 
 
 @pytest.mark.model

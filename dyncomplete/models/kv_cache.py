@@ -96,10 +96,12 @@ class KVCache:
             if self.keys[i] is not None and n:
                 keys, values = self.keys[i], self.values[i]
                 size = max(n, room)
-                other.keys[i] = keys.new_zeros(*keys.shape[:-1], size)
-                other.values[i] = values.new_zeros(*values.shape[:-2], size, values.shape[-1])
+                other.keys[i] = keys.new_empty(*keys.shape[:-1], size)
+                other.values[i] = values.new_empty(*values.shape[:-2], size, values.shape[-1])
                 other.keys[i][..., :n] = keys[..., :n]
                 other.values[i][..., :n, :] = values[..., :n, :]
+                other.keys[i][..., n:].zero_()  # positions past the length hold zeros, as `grow` leaves them
+                other.values[i][..., n:, :].zero_()
             other.lengths[i] = n
         other.copies = self.copies[:length] if length is not None else list(self.copies)
         return other

@@ -53,12 +53,18 @@ class RotaryTables:
         return self.cos[index], self.sin[index], self.sin_signed[index]
 
 
+def shift_angles(delta: int, inv_freq: torch.Tensor, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (head_dim / 2, float32) of the rotation that moves a key `delta` positions on."""
+    angle = delta * inv_freq.to(device=device, dtype=torch.float32)
+    return angle.cos(), angle.sin()
+
+
 def rotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotary-embedded keys stored (..., head_dim, n), moved `delta` positions on: a rotation by
     delta x each frequency, computed in float32 and rounded to the keys' dtype (not bit for bit
     the keys a prefill at the new positions would write)."""
-    angle = delta * inv_freq.to(device=keys.device, dtype=torch.float32)
-    cos, sin = angle.cos()[:, None], angle.sin()[:, None]
+    cos, sin = shift_angles(delta, inv_freq, keys.device)
+    cos, sin = cos[:, None], sin[:, None]
     x = keys.float()
     half = x.shape[-2] // 2
     x1, x2 = x[..., :half, :], x[..., half:, :]

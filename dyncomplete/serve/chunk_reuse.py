@@ -18,12 +18,13 @@ prefilled again (`split_stale`), everywhere or only near the cursor.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import groupby
+from functools import cached_property
 
 import torch
 
-from ..models import KVCache
-from ..models.rotary import rotate_keys
+from ..models import KVCache, native
+from ..models.native import bindings
+from ..models.rotary import rotate_keys, shift_angles
 
 
 BLOCK = 64  # tokens compared at once (in C) before the last block is compared one by one
@@ -48,27 +49,44 @@ class Chunk:
     source: int
 
 
-def plan_chunks(cached: tuple[int, ...], ids: list[int] | tuple[int, ...], min_tokens: int) -> list[Chunk]:
-    """The runs of `ids` to copy from `cached`, in order, never overlapping in either prompt.
+class Runs:
+    """A prompt's runs of `min_tokens` tokens, each by its hash. A cached prompt's are built once
+    and serve every later plan against it; a new prompt's once for all the prompts it is planned
+    against."""
+
+    def __init__(self, tokens, min_tokens: int):
+        self.tokens, self.min_tokens = tuple(tokens), min_tokens
+        self.hashes = [hash(self.tokens[k:k + min_tokens]) for k in range(len(self.tokens) - min_tokens + 1)]
+
+    @cached_property
+    def starts(self) -> dict[int, list[int]]:
+        """Where the runs of each hash start, in order."""
+        starts: dict[int, list[int]] = {}
+        for k, h in enumerate(self.hashes):
+            starts.setdefault(h, []).append(k)
+        return starts
+
+
+def plan_chunks(cached: Runs, new: Runs) -> list[Chunk]:
+    """The runs of `new`'s tokens to copy from `cached`'s, in order, never overlapping in either
+    prompt (both Runs of one length).
 
     The common prefix comes first (whatever its length); after it, at each position the longest
     run of at least `min_tokens` tokens that starts in `cached` past the last run used."""
+    if cached.min_tokens != new.min_tokens:
+        raise ValueError(f"runs of {cached.min_tokens} and {new.min_tokens} tokens cannot be matched")
+    old, ids, m = cached.tokens, new.tokens, new.min_tokens
     chunks = []
-    n = common_prefix_length(cached, ids)
+    n = common_prefix_length(old, ids)
     if n:
         chunks.append(Chunk(0, n, 0))
-    starts: dict[tuple[int, ...], list[int]] = {}
-    for k in range(n, len(cached) - min_tokens + 1):
-        starts.setdefault(tuple(cached[k:k + min_tokens]), []).append(k)
     i, floor = n, n
-    while i + min_tokens <= len(ids):
+    while i + m <= len(ids):
         best, source = 0, -1
-        for k in starts.get(tuple(ids[i:i + min_tokens]), ()):
-            if k < floor:
+        for k in cached.starts.get(new.hashes[i], ()):
+            if k < floor or old[k:k + m] != ids[i:i + m]:  # before the last run used, or another run of that hash
                 continue
-            length = min_tokens
-            while i + length < len(ids) and k + length < len(cached) and ids[i + length] == cached[k + length]:
-                length += 1
+            length = m + common_prefix_length(ids[i + m:], old[k + m:])
             if length > best:
                 best, source = length, k
         if best:
@@ -96,12 +114,10 @@ def split_stale(chunks: list[Chunk], copies: list[int], limit: int, min_tokens: 
         if c.start == c.source:
             out.append(c)
             continue
-        offsets = range(c.end - c.start)
-        for usable, run in groupby(offsets, key=lambda j: copied(copies, c.source + j) < limit
-                                   or not lo <= c.start + j < hi):
-            run = list(run)
-            if usable and len(run) >= min_tokens:
-                out.append(Chunk(c.start + run[0], c.start + run[-1] + 1, c.source + run[0]))
+        shift = c.source - c.start
+        stale = [p for p in range(max(c.start, lo), min(c.end, hi)) if copied(copies, p + shift) >= limit]
+        edges = [c.start - 1, *stale, c.end]  # the runs between stale positions
+        out += [Chunk(a + 1, b, a + 1 + shift) for a, b in zip(edges, edges[1:]) if b - a - 1 >= min_tokens]
     return out
 
 
@@ -120,11 +136,17 @@ def assemble(cached: KVCache, chunks: list[Chunk], length: int, inv_freq: torch.
         keys, values = cached.keys[layer], cached.values[layer]
         out.keys[layer] = keys.new_zeros(*keys.shape[:-1], room)
         out.values[layer] = values.new_zeros(*values.shape[:-2], room, values.shape[-1])
-        for c in chunks:
-            n = c.end - c.start
-            block = keys[..., c.source:c.source + n]
-            out.keys[layer][..., c.start:c.end] = block if c.start == c.source else rotate_keys(block, c.start - c.source, inv_freq)
-            out.values[layer][..., c.start:c.end, :] = values[..., c.source:c.source + n, :]
+    in_c = cached.keys[0].dtype == torch.bfloat16 and cached.keys[0].device.type == "cpu" and native.available()
+    for c in chunks:
+        n, delta = c.end - c.start, c.start - c.source
+        for layer in range(cached.num_layers):
+            out.values[layer][..., c.start:c.end, :] = cached.values[layer][..., c.source:c.source + n, :]
+        if delta and in_c:  # every layer in one call: PyTorch's dozen passes over the keys took most of a lookup
+            bindings.rotate_keys(cached.keys, c.source, out.keys, c.start, n, *shift_angles(delta, inv_freq))
+            continue
+        for layer in range(cached.num_layers):
+            block = cached.keys[layer][..., c.source:c.source + n]
+            out.keys[layer][..., c.start:c.end] = rotate_keys(block, delta, inv_freq) if delta else block
     end = chunks[-1].end if chunks else 0
     out.lengths = [min(end, length)] * cached.num_layers
     edges = [0] + [e for c in chunks for e in (c.start, c.end)]

@@ -29,9 +29,9 @@ from itertools import islice
 
 from ..models import KVCache
 from ..models.fast import SPAN
-from .chunk_reuse import assemble, common_prefix_length, plan_chunks, split_stale
+from .chunk_reuse import Runs, assemble, common_prefix_length, plan_chunks, split_stale
 
-RECENT_PROMPTS = 8  # prompts chunk reuse plans against (about 1 ms each for 1,000 tokens)
+RECENT_PROMPTS = 8  # prompts chunk reuse plans against (each prompt's runs hashed once: a plan is a dict walk)
 
 
 @dataclass
@@ -40,6 +40,12 @@ class CacheCounters:
     hits: int = 0
     reused_tokens: int = 0
     evictions: int = 0
+
+
+@dataclass
+class _Entry:
+    cache: KVCache  # exactly the prompt's positions
+    runs: Runs | None  # the prompt's runs, which chunk reuse plans against (None: reuse off)
 
 
 class PrefixCache:
@@ -60,7 +66,7 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.min_chunk = min_chunk if inv_freq is not None else 0
         self.inv_freq = inv_freq
-        self._entries: OrderedDict[tuple[int | None, tuple[int, ...]], KVCache] = OrderedDict()
+        self._entries: OrderedDict[tuple[int | None, tuple[int, ...]], _Entry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.counters = CacheCounters()
@@ -79,6 +85,7 @@ class PrefixCache:
         False (a prefetch): the entries' order of use and the counters stay as they were.
         `cursor`: the position of the cursor in `ids`, around which `near` keeps the copy limit."""
         guarded = (cursor - self.near, cursor + self.near) if self.near and cursor is not None else None
+        runs = Runs(ids, self.min_chunk) if self.min_chunk else None
         with self._lock:
             if touch:
                 self.counters.lookups += 1
@@ -94,13 +101,13 @@ class PrefixCache:
                 candidates = self._recent(depth)
                 if best_key is not None and best_key not in candidates:
                     candidates.append(best_key)  # the editor's own last prompt, however many came since
-                reused, recent, plan = max((self._reused_by(key, wanted, guarded) for key in candidates),
+                reused, recent, plan = max((self._reused_by(key, runs, guarded) for key in candidates),
                                            default=(0, None, []), key=lambda c: c[0])  # ties: the most recent
                 if reused > best:
                     best_key, best, chunks = recent, reused, plan
             if best_key is None:
                 return None, 0
-            source = self._entries[best_key]
+            source = self._entries[best_key].cache
             if touch:
                 self._entries.move_to_end(best_key)
                 self.counters.hits += 1
@@ -117,11 +124,12 @@ class PrefixCache:
         editor's)."""
         return list(islice((key for key in reversed(self._entries) if key[0] == depth), RECENT_PROMPTS))
 
-    def _reused_by(self, key, ids: tuple[int, ...], guarded: tuple[int, int] | None) -> tuple[int, tuple, list]:
-        """(tokens reused, key, chunks) of `ids` planned against the entry `key`."""
-        chunks = plan_chunks(key[1], ids, self.min_chunk)
+    def _reused_by(self, key, runs: Runs, guarded: tuple[int, int] | None) -> tuple[int, tuple, list]:
+        """(tokens reused, key, chunks) of the prompt of `runs` planned against the entry `key`."""
+        entry = self._entries[key]
+        chunks = plan_chunks(entry.runs, runs)
         if self.copy_limit:
-            chunks = split_stale(chunks, self._entries[key].copies, self.copy_limit, self.min_chunk, guarded)
+            chunks = split_stale(chunks, entry.cache.copies, self.copy_limit, self.min_chunk, guarded)
         return sum(c.end - c.start for c in chunks), key, chunks
 
     def store(self, ids: list[int], cache: KVCache, depth: int | None = None) -> bool:
@@ -136,18 +144,19 @@ class PrefixCache:
             if any(k[0] == depth and len(k[1]) > n and k[1][:n] == key[1] for k in self._entries):
                 return False
         cache.crop(n)
-        entry = cache.copy(n)  # trims the buffers to the prompt, so nbytes is what is kept
-        size = entry.nbytes()
+        kept = cache.copy(n)  # trims the buffers to the prompt, so nbytes is what is kept
+        size = kept.nbytes()
         if size > self.max_bytes:
             return False
+        entry = _Entry(kept, Runs(key[1], self.min_chunk) if self.min_chunk else None)
         with self._lock:
             older = [k for k in self._entries if k[0] == depth and len(k[1]) <= n and key[1][: len(k[1])] == k[1]]
             for old in older:
-                self._bytes -= self._entries.pop(old).nbytes()
+                self._bytes -= self._entries.pop(old).cache.nbytes()
             self._entries[key] = entry
             self._bytes += size
             while self._bytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.nbytes()
+                self._bytes -= evicted.cache.nbytes()
                 self.counters.evictions += 1
         return True

@@ -118,6 +118,8 @@ def compile_library(target: Path, flags: list[str] = FLAGS) -> ctypes.CDLL:
     lib.linear_workspace_floats.argtypes, lib.linear_workspace_floats.restype = [i32, i32, i32], ctypes.c_long
     lib.linear_bf16.argtypes = [ctypes.POINTER(Linear), ptr, i32, ptr, ptr]
     lib.linear_bf16.restype = None
+    lib.rotate_keys_bf16.argtypes = [i32, i32, i32, i32, ptr, ptr, i32, ptr, ptr, i32, ptr, ptr]
+    lib.rotate_keys_bf16.restype = None
     lib.omp_pause_resource_all.argtypes, lib.omp_pause_resource_all.restype = [i32], i32  # from OpenMP's runtime
     lib.omp_set_num_threads.argtypes, lib.omp_set_num_threads.restype = [i32], None
     return lib

@@ -21,6 +21,22 @@ def linear(weights: Linear, rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def rotate_keys(src: list[torch.Tensor], source: int, dst: list[torch.Tensor], start: int, n: int,
+                cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Each layer's keys (1, heads, d, capacity) bf16 of positions source .. source + n - 1 in
+    `src`, rotated by the angles of `cos` and `sin` (d / 2 float32), written at start .. of `dst`:
+    `rotary.rotate_keys`'s bits, for every layer in one call."""
+    if any(k.dtype != torch.bfloat16 or not k.is_contiguous() for k in src + dst):
+        raise ValueError("native key rotation takes contiguous bfloat16 key buffers")
+    layers, (_, heads, d, _) = len(src), src[0].shape
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()  # kept alive through the call
+    library().rotate_keys_bf16(
+        layers, heads, d, n, (ctypes.c_void_p * layers)(*[k.data_ptr() for k in src]),
+        (ctypes.c_int * layers)(*[k.shape[-1] for k in src]), source,
+        (ctypes.c_void_p * layers)(*[k.data_ptr() for k in dst]),
+        (ctypes.c_int * layers)(*[k.shape[-1] for k in dst]), start, cos.data_ptr(), sin.data_ptr())
+
+
 @dataclass
 class ExitNetwork:
     """A hidden-state exit policy's network at one check layer, as decode.c runs it: `features`

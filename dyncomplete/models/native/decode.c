@@ -1170,3 +1170,28 @@ int layers_forward_exit(const dims_t *dm, const layer_t *const *layers, int L, u
     }
     return L;
 }
+
+/* Keys of n positions moved to other slots and rotated (serve/chunk_reuse.py's cache reuse), in
+ * every layer: layer l's keys (heads * d rows of src_cap[l] or dst_cap[l] positions, bf16) from
+ * slot `from` of src[l] to slot `to` of dst[l], each head's feature j paired with j + d / 2 and
+ * turned by the angle whose cos and sin are cos[j], sin[j]. The bits of rotary.rotate_keys in
+ * PyTorch: each product, difference and sum rounded in float32, then to bf16. */
+void rotate_keys_bf16(int layers, int heads, int d, int n, const uint16_t *const *src, const int *src_cap, int from,
+                      uint16_t *const *dst, const int *dst_cap, int to, const float *cos, const float *sin) {
+    int half = d / 2;
+    for (int l = 0; l < layers; l++)
+        for (int h = 0; h < heads; h++)
+            for (int j = 0; j < half; j++) {
+                const uint16_t *a = src[l] + (size_t)(h * d + j) * src_cap[l] + from;
+                const uint16_t *b = src[l] + (size_t)(h * d + j + half) * src_cap[l] + from;
+                uint16_t *oa = dst[l] + (size_t)(h * d + j) * dst_cap[l] + to;
+                uint16_t *ob = dst[l] + (size_t)(h * d + j + half) * dst_cap[l] + to;
+                float c = cos[j], s = sin[j];
+                for (int p = 0; p < n; p++) {
+                    float x1 = bf16_to_f32(a[p]), x2 = bf16_to_f32(b[p]);
+                    float x1c = x1 * c, x2s = x2 * s, x2c = x2 * c, x1s = x1 * s;
+                    oa[p] = f32_to_bf16(x1c - x2s);
+                    ob[p] = f32_to_bf16(x2c + x1s);
+                }
+            }
+}
