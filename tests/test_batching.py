@@ -107,6 +107,8 @@ def test_parallel_slots_give_each_request_its_tokens_alone(smollm_int4, prefixes
     assert [c.token_ids for c in together] == [c.token_ids for c in alone]
     assert max(status["batch_sizes"]) > 1  # the requests did share calls
     assert status["in_generation"] == 0
+    assert status["batch_seconds"].keys() == status["batch_sizes"].keys()
+    assert 0 < sum(status["batch_seconds"].values()) <= status["busy_s"]  # batched calls are part of the model's time
 
 
 def test_a_cancelled_request_and_one_that_runs_alone_change_no_other(smollm_int4, prefixes, alone):

@@ -230,12 +230,13 @@ def test_llama_server_rows_replay_the_same_bodies(tmp_path, capsys):
 
 def test_served_columns_count_what_the_server_did_over_the_replay_only():
     before = {"hits": 2, "lookups": 4, "tokens": 100, "reused": 3, "drafted_rows": 10, "drafted_rows_cut": 4,
-              "batch_sizes": {1: 5}}
+              "batch_sizes": {1: 5}, "batch_seconds": {1: 0.1}, "busy_s": 1.0}
     after = {"hits": 10, "lookups": 14, "tokens": 300, "reused": 8, "drafted_rows": 40, "drafted_rows_cut": 16,
-             "batch_sizes": {1: 5, 3: 2, 4: 6}}
+             "batch_sizes": {1: 5, 3: 2, 4: 6}, "batch_seconds": {1: 0.1, 3: 0.06, 4: 0.3}, "busy_s": 7.5}
     out = session.served_columns(before, after, requests=20, wall_s=10.0)
     assert out["completions_per_s"] == 2.0 and out["tokens_per_s"] == 20.0 and out["server_reused_share"] == 0.25
     assert out["prefix_cache_hit_share"] == 0.8 and out["batch_sizes"] == {3: 2, 4: 6} and out["batch_p50"] == 4.0
+    assert out["batch_ms"] == pytest.approx({3: 30.0, 4: 50.0}) and out["model_busy_share"] == pytest.approx(0.65)
     assert (out["drafted_rows"], out["drafted_rows_cut"]) == (30, 12)
     assert session.served_columns(None, after, 20, 10.0)["tokens_per_s"] is None  # another server: no counters
 

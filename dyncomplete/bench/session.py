@@ -631,17 +631,21 @@ def server_counters(http: httpx.Client, url: str) -> dict | None:
             "tokens": health["worker"].get("tokens_generated", 0),
             "reused": sum(n for key, n in health["worker"].items() if key.startswith("reused_")),
             "drafted_rows": batching.get("drafted_rows", 0), "drafted_rows_cut": batching.get("drafted_rows_cut", 0),
-            "batch_sizes": {int(k): v for k, v in batching.get("batch_sizes", {}).items()}}
+            "batch_sizes": {int(k): v for k, v in batching.get("batch_sizes", {}).items()},
+            "batch_seconds": {int(k): v for k, v in batching.get("batch_seconds", {}).items()},
+            "busy_s": batching.get("busy_s", 0.0)}
 
 
 def served_columns(before: dict | None, after: dict | None, requests: int, wall_s: float) -> dict:
     """Completions the server answered per second of the replay, and over the replay, where the
     server reports them, the tokens it generated per second, its prefix-cache hits per lookup, the
     share of the requests it answered from kept answers (without the model), the median sequences
-    per batched call and the drafted rows its batches verified and cut."""
+    per batched call, the mean milliseconds of a batched call by its sequences, the share of the
+    replay its model thread was busy, and the drafted rows its batches verified and cut."""
     out = {"completions_per_s": requests / wall_s, "server_requests": requests, "wall_s": wall_s,
            "tokens_per_s": None, "prefix_cache_hit_share": None, "server_reused_share": None, "batch_p50": None,
-           "batch_sizes": None, "drafted_rows": None, "drafted_rows_cut": None}
+           "batch_sizes": None, "batch_ms": None, "model_busy_share": None, "drafted_rows": None,
+           "drafted_rows_cut": None}
     if before is None or after is None:
         return out
     out["server_reused_share"] = (after.get("reused", 0) - before.get("reused", 0)) / requests if requests else None
@@ -655,6 +659,9 @@ def served_columns(before: dict | None, after: dict | None, requests: int, wall_
     if sizes:
         out["batch_sizes"] = sizes
         out["batch_p50"] = float(np.median(np.repeat(list(sizes), list(sizes.values()))))
+        out["batch_ms"] = {k: 1000 * (after["batch_seconds"].get(k, 0) - before["batch_seconds"].get(k, 0)) / n
+                           for k, n in sizes.items()}
+        out["model_busy_share"] = (after["busy_s"] - before["busy_s"]) / wall_s
     return out
 
 

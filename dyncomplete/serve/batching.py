@@ -102,6 +102,8 @@ class ModelThread:
         self._members: set[int] = set()  # slots in generation: each will hand in a step soon
         self._stopped = False
         self.batch_sizes: Counter[int] = Counter()  # sequences per batched call -> how many calls
+        self.batch_seconds: Counter[int] = Counter()  # sequences per batched call -> seconds in those calls
+        self.busy_s = 0.0  # seconds in model calls, batched and alone: the model's load
         self.batch_rows = 0
         self.drafted_rows = self.cut_rows = 0  # drafted positions handed in; of them, cut by the shared budget
         self._thread = threading.Thread(target=self._loop, name="dyncomplete-model", daemon=True)
@@ -177,12 +179,15 @@ class ModelThread:
                 else:
                     self._gather()
                     work = self._take()
+            started = time.perf_counter()
             steps = [item for item in work if isinstance(item, _Step)]
             if steps:
                 self._run(steps)
             for item in work:
                 if isinstance(item, _Alone):
                     self._finish([item], lambda: [item.run()])
+            with self._cond:
+                self.busy_s += time.perf_counter() - started
 
     def _gather(self) -> None:
         """Wait (lock held) until every slot in generation has a step in, or `gather_s` passed."""
@@ -214,10 +219,13 @@ class ModelThread:
         together = [s for s in steps if model.batchable(s.cache, s.start, s.rows())]
         self._share_verify_budget(together)
         if together:
-            self.batch_sizes[len(together)] += 1
-            self.batch_rows += sum(s.rows() for s in together)
+            rows, started = sum(s.rows() for s in together), time.perf_counter()
             self._finish(together, lambda: model.forward_batch(
                 [(s.ids, s.cache, s.start, s.logit_rows) for s in together]))
+            with self._cond:
+                self.batch_sizes[len(together)] += 1
+                self.batch_seconds[len(together)] += time.perf_counter() - started
+                self.batch_rows += rows
         for step in steps:
             if step not in together:
                 self._finish([step], lambda: [self._alone_step(step)])
@@ -256,6 +264,8 @@ class ModelThread:
         with self._cond:
             calls = sum(self.batch_sizes.values())
             return {"batched_calls": calls, "batch_sizes": dict(sorted(self.batch_sizes.items())),
+                    "batch_seconds": {k: round(s, 3) for k, s in sorted(self.batch_seconds.items())},
+                    "busy_s": round(self.busy_s, 3),
                     "mean_batch_rows": round(self.batch_rows / calls, 2) if calls else 0.0,
                     "in_generation": len(self._members), "drafted_rows": self.drafted_rows,
                     "drafted_rows_cut": self.cut_rows,

@@ -11,6 +11,9 @@ METRICS = {
     "dyncomplete_requests_running": ("gauge", "requests being generated", lambda w, c: w["running"]),
     "dyncomplete_batch_rows_mean": ("gauge", "mean sequences per batched model call (--parallel > 1)",
                                     lambda w, c: w.get("batching", {}).get("mean_batch_rows", 0.0)),
+    "dyncomplete_model_busy_seconds_total": ("counter", "seconds the model thread spent in model calls (--parallel > 1; "
+                                             "its rate() is the model's load)",
+                                             lambda w, c: w.get("batching", {}).get("busy_s", 0.0)),
     "dyncomplete_requests_rejected_total": ("counter", "requests refused with 503: the queue was full",
                                             lambda w, c: w.get("rejected_busy", 0)),
     "dyncomplete_tokens_generated_total": ("counter", "completion tokens generated",
