@@ -41,6 +41,11 @@ def _signed_pct(v):
     return f"{100 * v:+.1f}%"
 
 
+def _per_size(v):
+    """{sequences in a batched call: ms} as "1: 22, 2: 35"."""
+    return ", ".join(f"{k}: {ms:.0f}" for k, ms in sorted(v.items(), key=lambda kv: int(kv[0])))
+
+
 def _vs_baseline(key):
     """The row's `key` relative to its run's baseline (None without one)."""
     def change(r):
@@ -132,6 +137,8 @@ SESSION_COLUMNS = {
                                  if "background_requests" in r else None, _fixed(1)),
     "per_s": Column("completions per s", "completions_per_s", _fixed(2)),
     "batch_p50": Column("sequences per batched call (median)", "batch_p50", _fixed(0)),
+    "batch_ms": Column("ms a batched call, by its sequences", "batch_ms", _per_size, align="---"),
+    "model_busy": Column("model thread busy", "model_busy_share", _pct),
     "tokens_per_s": Column("tokens generated per s", "tokens_per_s", _fixed(1)),
     "drafted": Column("drafted rows handed in", "drafted_rows"),
     "drafted_cut": Column("of those, cut by the shared budget", "drafted_rows_cut"),
