@@ -136,7 +136,8 @@ def assemble(cached: KVCache, chunks: list[Chunk], length: int, inv_freq: torch.
         keys, values = cached.keys[layer], cached.values[layer]
         out.keys[layer] = keys.new_zeros(*keys.shape[:-1], room)
         out.values[layer] = values.new_zeros(*values.shape[:-2], room, values.shape[-1])
-    in_c = cached.keys[0].dtype == torch.bfloat16 and cached.keys[0].device.type == "cpu" and native.available()
+    # in C where the engine's kernels are loaded (int4, int8): a request never waits for a compiler
+    in_c = cached.keys[0].dtype == torch.bfloat16 and cached.keys[0].device.type == "cpu" and native.loaded()
     for c in chunks:
         n, delta = c.end - c.start, c.start - c.source
         for layer in range(cached.num_layers):

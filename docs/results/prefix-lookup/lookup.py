@@ -2,7 +2,8 @@
 --cache-reuse 32, --cache-reuse-copies 2, --cache-reuse-near 64) and Qwen2.5-Coder-0.5B's cache
 shapes (24 layers, 2 kv heads of 64, bf16): four editors moving down four site-packages files,
 a 1,000-token fill-in-the-middle prompt each (token ids from the characters, random keys and
-values: the cost does not depend on them). Not a test. Usage: python lookup.py; for an older
+values: the cost does not depend on them), with the native kernels loaded, as a server with int4
+or int8 weights (the default) has them. Not a test. Usage: python lookup.py; for an older
 commit, `git worktree add /tmp/old REV` and `PYTHONPATH=/tmp/old python lookup.py`."""
 import json
 import statistics
@@ -12,7 +13,7 @@ import time
 import torch
 
 import dyncomplete
-from dyncomplete.models import KVCache
+from dyncomplete.models import KVCache, native
 from dyncomplete.serve.prefix_cache import PrefixCache
 
 SITE = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/"
@@ -36,6 +37,7 @@ def filled(ids: list[int]) -> KVCache:
     return cache
 
 
+native.available()  # builds or loads them
 torch.manual_seed(0)
 cache = PrefixCache(512 * 2**20, 32, inv_freq, 2, 64)
 lookups, stores = [], []

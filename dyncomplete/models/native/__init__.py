@@ -141,8 +141,13 @@ def release_thread_pool() -> None:
     short parallel regions wakes sleeping threads instead, and int4 decoding ran at half speed.
     A pool comes back when its thread runs a region again. Nothing to do where the kernels were
     never loaded."""
-    if library.cache_info().currsize:
+    if loaded():
         library().omp_pause_resource_all(1)  # omp_pause_soft
+
+
+def loaded() -> bool:
+    """Whether this process has the kernels already (asking runs no compiler)."""
+    return library.cache_info().currsize > 0
 
 
 def keep_thread_serial() -> None:
