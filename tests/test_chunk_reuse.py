@@ -27,6 +27,14 @@ def test_plan_drops_a_window_start_and_ignores_runs_shorter_than_the_minimum():
     assert plan_chunks(Runs(old, 8), Runs(new, 8)) == [Chunk(1, 51, 10)]  # 60..63 is 4 tokens: under the minimum
 
 
+def test_a_run_that_only_shares_a_hash_is_not_copied():
+    old, new = Runs(tuple(range(100)), 8), Runs([500 + k for k in range(8)] + list(range(50, 60)), 8)
+    new.hashes[0] = old.hashes[20]  # as if two different runs hashed alike
+    assert plan_chunks(old, new) == [Chunk(8, 18, 50)]
+    with pytest.raises(ValueError, match="runs of 8 and 4 tokens"):
+        plan_chunks(old, Runs(new.tokens, 4))
+
+
 def test_plan_keeps_cached_order():
     old = tuple(range(50))
     new = list(range(30, 50)) + list(range(0, 30))  # swapped halves: only the first run can follow order
