@@ -334,3 +334,10 @@ def test_several_editor_counts_against_a_running_server_are_refused(capsys):
     argv = ["bench-session", "--model", "smollm2-135m", "--url", "http://127.0.0.1:9", "--concurrent", "1", "2"]
     assert main(argv) != 0
     assert "several --concurrent values start a server for each" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--client", "line"], ["--think-ms", "100"]])
+def test_keystrokes_are_refused_for_any_replay_but_llama_vims_alone(capsys, extra):
+    argv = ["bench-session", "--model", "smollm2-135m", "--url", "http://127.0.0.1:9", "--keystroke-ms", "100", *extra]
+    assert main(argv) != 0
+    assert "--keystroke-ms replays llama.vim's keystrokes" in capsys.readouterr().err

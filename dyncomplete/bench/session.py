@@ -509,9 +509,8 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
     client does (`Pauses.held_back_s`), and `waited_s` counts from the pause to the answer. 0 asks
     again as soon as the background requests are answered (a closed loop: the server never idles).
     `keystroke_ms` > 0 (llama-vim only): every character typed between the pauses, as `replay_typing`."""
+    check_keystrokes(client, keystroke_ms, accept_ms, think_ms)
     if keystroke_ms:
-        if client != "llama-vim" or accept_ms or think_ms:
-            raise ValueError("keystrokes are replayed for llama-vim only, without accept_ms and think_ms")
         return replay_typing(url, model, cursors, n_predict, headers, progress, keystroke_ms, seed)
     spec = CLIENTS[client]
     chunks = {file: ring_chunks(Path(file)) for file in sorted({c.file for c in cursors})}
@@ -551,6 +550,13 @@ def replay_editor(url: str, model: str, client: str, cursors: list[Cursor], n_pr
             if progress:
                 progress(i + 1, len(cursors))
     return results
+
+
+def check_keystrokes(client: str, keystroke_ms: int, accept_ms: int, think_ms: int) -> None:
+    """Refuse a keystroke replay (`keystroke_ms` > 0) that is not llama.vim's alone."""
+    if keystroke_ms and (client != "llama-vim" or accept_ms or think_ms):
+        raise ValueError("--keystroke-ms replays llama.vim's keystrokes: for --client llama-vim only, "
+                         "without --think-ms and --accept-ms")
 
 
 SHOW_LIMIT_S = 120.0  # a pause whose suggestion has not shown by then fails the replay

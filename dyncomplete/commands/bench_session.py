@@ -146,9 +146,6 @@ def editor_report(args, sources: list[Path]) -> dict:
         raise ValueError("--server-args are llama-server's: add --server llama-server")
     if args.dyncomplete_args and "dyncomplete" not in args.server:
         raise ValueError("--dyncomplete-args are dyncomplete's: add --server dyncomplete")
-    if args.keystroke_ms and (args.client != "llama-vim" or args.think_ms or args.accept_ms):
-        raise ValueError("--keystroke-ms replays llama.vim's keystrokes: --client llama-vim, without --think-ms "
-                         "and --accept-ms")
     if args.url and len(args.concurrent) > 1:
         raise ValueError("several --concurrent values start a server for each; give one with --url")
     cursors = [c for path in sources for c in cursors_of(path, args.pattern, args.start, args.lines)]
@@ -194,8 +191,10 @@ def run(args) -> int:
 
     import torch
 
+    from ..bench.session import check_keystrokes
     from ..paths import cpu_name
 
+    check_keystrokes(args.client, args.keystroke_ms, args.accept_ms, args.think_ms)  # --client line too
     # A terminated benchmark must still stop the servers it started (the context managers' exits).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sources = [Path(s) for s in args.source] if args.source else default_sources(args.files)
