@@ -69,10 +69,11 @@ def test_bandwidth_achieved_is_weight_bytes_times_tokens_per_second():
 def test_copy_bandwidth_and_weight_bytes():
     import torch
 
-    from dyncomplete.bench.bandwidth import measure_copy_bandwidth
+    from dyncomplete.bench.bandwidth import measure_copy_bandwidth, measure_read_bandwidth
     from dyncomplete.models.hf import module_weight_bytes
 
     assert 0.1 < measure_copy_bandwidth(megabytes=16, repeats=3) < 1000
+    assert 0.1 < measure_read_bandwidth(megabytes=16, repeats=3) < 1000
     layer = torch.nn.Linear(4, 8, dtype=torch.bfloat16)
     head = torch.nn.Linear(8, 5, bias=False)
     assert module_weight_bytes([layer, layer, head]) == (32 + 8) * 2 + 40 * 4  # the same layer twice counts once

@@ -1,7 +1,7 @@
-"""Memory bandwidth: what this machine can move (a copy benchmark, run once and cached), and what
-a decode achieves: the weight bytes one decode step reads times tokens per second, as gpt-fast
-reports it. A CPU decode of a small model is bound by reading its weights, so the share of the
-machine's bandwidth a method reaches says how much is left to gain."""
+"""Memory bandwidth: what this machine can move (a copy benchmark, run once and cached; and what
+reading alone reaches), and what a decode achieves: the weight bytes one decode step reads times
+tokens per second, as gpt-fast reports it. A CPU decode of a small model is bound by reading its
+weights, so the share of the machine's bandwidth a method reaches says how much is left to gain."""
 
 from __future__ import annotations
 
@@ -26,6 +26,20 @@ def measure_copy_bandwidth(megabytes: int = COPY_MB, repeats: int = 10) -> float
         dst.copy_(src)
         times.append(time.perf_counter() - start)
     return 2 * src.numel() / statistics.median(times) / 1e9
+
+
+def measure_read_bandwidth(megabytes: int = COPY_MB, repeats: int = 10) -> float:
+    """GB/s of a sum over a large tensor (bytes read only), the median of `repeats`: the bound of a
+    decode, which reads its weights and writes almost nothing. A copy also writes, and reading
+    alone can go faster than its count of both (a decode on AMD Zen 3 went past it)."""
+    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+    src.sum()  # touch the pages first
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        src.sum()
+        times.append(time.perf_counter() - start)
+    return 4 * src.numel() / statistics.median(times) / 1e9
 
 
 def machine_bandwidth() -> float:

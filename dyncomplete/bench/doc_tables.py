@@ -163,6 +163,7 @@ SPEED_COLUMNS = {  # one `python -m dyncomplete.bench.speed --reference llama-be
     "cpu_bf16": Column("CPU has bf16 instructions", "cpu_bf16", lambda v: "yes" if v else "no", align="---"),
     "decode": Column("decode tok/s", "decode_tok_s", _fixed(1)),
     "bandwidth": Column("share of copy bandwidth", "bandwidth_share", _pct),
+    "read": Column("share of read bandwidth", "read_share", _pct),
     "llama_decode": Column("llama-bench decode tok/s", lambda r: r["llama_bench"]["decode_tok_s"], _fixed(1)),
     "decode_x": Column("decode vs llama-bench", lambda r: r["llama_bench"]["decode_x"], _ratio),
     "prefill": Column("prefill tok/s", "prefill_tok_s", _fixed(0)),
@@ -170,7 +171,7 @@ SPEED_COLUMNS = {  # one `python -m dyncomplete.bench.speed --reference llama-be
     "prefill_x": Column("prefill vs llama-bench", lambda r: r["llama_bench"]["prefill_x"], _ratio),
     "load": Column("load s", "load_s", _fixed(1)),
 }
-SPEED_DEFAULT = tuple(c for c in SPEED_COLUMNS if c not in ("build", "dtype", "cpu_bf16"))
+SPEED_DEFAULT = tuple(c for c in SPEED_COLUMNS if c not in ("build", "dtype", "cpu_bf16", "read"))
 
 
 def _cell(column: Column, row: dict) -> str:
