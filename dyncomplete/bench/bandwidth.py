@@ -15,17 +15,21 @@ from ..paths import machine_measurement
 COPY_MB = 256
 
 
+def _median_seconds(run, repeats: int) -> float:
+    run()  # touch the pages first
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def measure_copy_bandwidth(megabytes: int = COPY_MB, repeats: int = 10) -> float:
     """GB/s of a large tensor copy (bytes read plus bytes written), the median of `repeats`."""
     src = torch.ones(megabytes * 2**20, dtype=torch.uint8)
     dst = torch.empty_like(src)
-    dst.copy_(src)  # touch the pages first
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - start)
-    return 2 * src.numel() / statistics.median(times) / 1e9
+    return 2 * src.numel() / _median_seconds(lambda: dst.copy_(src), repeats) / 1e9
 
 
 def measure_read_bandwidth(megabytes: int = COPY_MB, repeats: int = 10) -> float:
@@ -33,13 +37,7 @@ def measure_read_bandwidth(megabytes: int = COPY_MB, repeats: int = 10) -> float
     decode, which reads its weights and writes almost nothing. A copy also writes, and reading
     alone can go faster than its count of both (a decode on AMD Zen 3 went past it)."""
     src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
-    src.sum()  # touch the pages first
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        src.sum()
-        times.append(time.perf_counter() - start)
-    return 4 * src.numel() / statistics.median(times) / 1e9
+    return 4 * src.numel() / _median_seconds(src.sum, repeats) / 1e9
 
 
 def machine_bandwidth() -> float:
