@@ -865,7 +865,10 @@ static void attention(const dims_t *dm, const float *q, int rows, int start, con
                       const uint16_t *values, int capacity, float *out) {
     int H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, G = dm->heads / dm->kv_heads;
     /* Tasks: a row's heads that read one kv head, split in `parts` so that the threads get equal
-     * shares where they can (SmolLM2, 3 kv heads, one row: 6 tasks of 1-2 heads for 2 threads). */
+     * shares where they can (SmolLM2, 3 kv heads, one row: 6 tasks of 1-2 heads for 2 threads),
+     * ordered kv head first: a thread's rows then read the same keys and values, all but the first
+     * from its own caches (ordered row first, every thread read every kv head from memory, and a
+     * verification pass over a long cache cost a one-token step's attention again per row). */
     int parts = 1, threads = omp_get_max_threads();
     while ((rows * KV * parts) % threads && parts < G) parts++;
 #pragma omp parallel
@@ -874,7 +877,7 @@ static void attention(const dims_t *dm, const float *q, int rows, int start, con
         int *tail = malloc(sizeof(int) * (size_t)rows);
 #pragma omp for schedule(static)
         for (int task = 0; task < rows * KV * parts; task++) {
-            int r = task / (KV * parts), kv = task / parts % KV, part = task % parts;
+            int kv = task / (rows * parts), r = task / parts % rows, part = task % parts;
             int h0 = kv * G + part * G / parts, h1 = kv * G + (part + 1) * G / parts; /* heads h0..h1 - 1 */
             /* a chain's row r sees the contiguous slots 0..start + r: all of them the prefix, so that
              * a prompt's chunk scores its own keys in whole vectors (a key's score has the same bits
