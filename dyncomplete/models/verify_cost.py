@@ -49,13 +49,17 @@ def pass_times(model, ids, prompt_tokens: int, rows: list[int], runs: int) -> di
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def measure_verify_cost(model, positions: int = POSITIONS, repeats: int = 7) -> float:
+def position_cost(times: dict[int, float], positions: int) -> float:
     """(time of a `positions`-token pass - time of a one-token pass) / (positions - 1), over the
-    one-token time; the medians of `repeats` alternating runs, after one warm-up of each."""
+    one-token time, from `pass_times`."""
+    return (times[positions] - times[1]) / (positions - 1) / times[1]
+
+
+def measure_verify_cost(model, positions: int = POSITIONS, repeats: int = 7) -> float:
+    """`position_cost` at CONTEXT cached tokens, from the medians of `repeats` alternating runs,
+    after one warm-up of each."""
     ids = torch.arange(CONTEXT + positions) % min(model.vocab_size - 10, 1000) + 10  # ids 10.. within the vocabulary
-    times = pass_times(model, ids, CONTEXT, [1, positions], repeats)
-    t1, tk = times[1], times[positions]
-    return max(FLOOR, (tk - t1) / (positions - 1) / t1)
+    return max(FLOOR, position_cost(pass_times(model, ids, CONTEXT, [1, positions], repeats), positions))
 
 
 def verify_cost(model) -> float:

@@ -10,7 +10,7 @@ import sysconfig
 from pathlib import Path
 
 from dyncomplete.models import load
-from dyncomplete.models.verify_cost import pass_times
+from dyncomplete.models.verify_cost import pass_times, position_cost
 
 model = load(sys.argv[1], dtype="auto", device="cpu", quant="int4", progress=lambda m: None)
 stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -19,5 +19,5 @@ result = {}
 for cached in [int(c) for c in sys.argv[2].split(",")]:
     t = pass_times(model, ids[: cached + 16], cached, [1, 2, 4, 8, 16], 7)
     result[cached] = {f"{k} rows ms": round(v * 1e3, 2) for k, v in t.items()}
-    result[cached]["position cost"] = round((t[8] - t[1]) / 7 / t[1], 3)
+    result[cached]["position cost"] = round(position_cost(t, 8), 3)
 print(json.dumps(result))
