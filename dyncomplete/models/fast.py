@@ -136,7 +136,7 @@ def _fuse(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
 class FastEngine:
     """Per-layer computation for a llama/qwen2 decoder (see the module docstring)."""
 
-    def __init__(self, decoder: Decoder, quant: str = "none", packed: dict[str, tuple] | None = None):
+    def __init__(self, decoder: Decoder, quant: str = "none", packed: dict[str, torch.Tensor] | None = None):
         """`packed`: the int4/int8 blocks of every linear by its name in `linears` (a snapshot's, `packed.py`),
         the decoder's weights then being their dequantized values already."""
         if not supports(decoder):

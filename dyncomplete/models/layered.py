@@ -31,7 +31,7 @@ ENGINES = ("auto", "fast", "hf")
 
 class LayeredModel:
     def __init__(self, hf_model, tokenizer=None, name: str = "model", source_sha256: str | None = None,
-                 engine: str = "auto", quant: str = "none", packed: dict[str, tuple] | None = None):
+                 engine: str = "auto", quant: str = "none", packed: dict[str, torch.Tensor] | None = None):
         """`packed`: the fast engine's int4 blocks, already made (a snapshot's: `packed.py`)."""
         self.hf = hf_model.eval()
         self.tokenizer = tokenizer

@@ -35,7 +35,7 @@ from .layered import LayeredModel
 from .registry import REGISTRY, ModelError, cache_root, cached_dir, sha256_of
 from .tuned import tuned_base, tuned_digest
 
-FORMAT = 1  # bump when what a snapshot holds changes
+FORMAT = 2  # bump when what a snapshot holds changes
 SHARDS = 4
 RECORD = "snapshot.json"
 SOURCE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -96,7 +96,7 @@ class Snapshot:
         tensors = {f"param.{k}": p.detach() for k, p in model.hf.named_parameters()}
         tensors |= {f"buffer.{k}": b for k, b in model.hf.named_buffers()}
         for key, lin in model.engines["fast"].linears().items():
-            tensors |= {f"packed.{key}.{part}": t for part, t in zip(("q", "scales", "zeros"), lin.qweight)}
+            tensors[f"packed.{key}"] = lin.qweight
         tmp = None
         try:
             self.folder.parent.mkdir(parents=True, exist_ok=True)
@@ -135,11 +135,7 @@ class Snapshot:
         if (self.folder / "generation_config.json").is_file():
             hf.generation_config = GenerationConfig.from_pretrained(self.folder)
         _fill(hf, tensors, self.folder)
-        packed = {}
-        for key in tensors:
-            if key.startswith("packed.") and key.endswith(".q"):
-                stem = key[: -len(".q")]
-                packed[stem[len("packed."):]] = tuple(tensors[f"{stem}.{part}"] for part in ("q", "scales", "zeros"))
+        packed = {key[len("packed."):]: t for key, t in tensors.items() if key.startswith("packed.")}
         return LayeredModel(hf, tokenizer, name=self.name, source_sha256=record["source_sha256"], engine="fast",
                             quant=self.quant, packed=packed)
 

@@ -51,7 +51,7 @@ class Linear:
                  "levels", "native")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, quant: str = "none",
-                 invariant: bool = False, packed: tuple | None = None):
+                 invariant: bool = False, packed: torch.Tensor | None = None):
         """`packed`: blocks as `native.pack_levels` made them from this weight (a snapshot's,
         `packed.py`); `weight` then already holds their dequantized values."""
         self.out_features, self.in_features = weight.shape
@@ -95,5 +95,5 @@ class Linear:
         if self.quant == "none":
             n = self.weight.numel() * self.weight.element_size()
         else:  # the packed blocks, padded to whole blocks of output features as decode.c reads them
-            n = sum(t.numel() * t.element_size() for t in self.qweight)
+            n = self.qweight.numel()
         return n + (self.bias.numel() * self.bias.element_size() if self.bias is not None else 0)

@@ -35,8 +35,8 @@ class NativeUnavailable(ValueError):
 
 
 class Linear(ctypes.Structure):
-    _fields_ = [("q", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("zeros", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p), ("out", ctypes.c_int), ("in_", ctypes.c_int), ("bits", ctypes.c_int)]
+    _fields_ = [("q", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("out", ctypes.c_int), ("in_", ctypes.c_int),
+                ("bits", ctypes.c_int)]
 
 
 class Layer(ctypes.Structure):
@@ -168,26 +168,26 @@ def available() -> bool:
     return True
 
 
-def pack_levels(levels: torch.Tensor, scales_zeros: torch.Tensor,
-                bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_levels(levels: torch.Tensor, scales_zeros: torch.Tensor, bits: int) -> torch.Tensor:
     """decode.c's weights from `weights.quantize_levels`' output (levels (N, K), scales and zeros
-    (K / GROUP, N, 2) bf16), in blocks of BLOCK output features (N padded with zero scales):
-    scales and zeros (blocks, K / GROUP, BLOCK) bf16, and levels uint8
-    - int4: (blocks, K / GROUP, 4, BLOCK, 4), byte [b, g, j, f, i] = level 4j + i of group g of
-      feature f (low nibble) and level 16 + 4j + i (high nibble);
-    - int8: (blocks, K / GROUP, 8, BLOCK, 4), byte [b, g, j, f, i] = level 4j + i."""
+    (K / GROUP, N, 2) bf16), in blocks of BLOCK output features (N padded with zero scales): uint8
+    records (blocks, K / GROUP, levels + 4 * BLOCK), one per group of a block, its levels
+    - int4: (4, BLOCK, 4), byte [j, f, i] = level 4j + i of feature f (low nibble) and level
+      16 + 4j + i (high nibble);
+    - int8: (8, BLOCK, 4), byte [j, f, i] = level 4j + i;
+    then each feature's scale and zero (bf16, in that order: a little-endian 32-bit word each)."""
     n, k = levels.shape
     pad = -n % BLOCK
     q = F.pad(levels.to(torch.uint8), (0, 0, 0, pad)).reshape(-1, BLOCK, k // GROUP, 8, 4)  # b f g j i
     if bits == 4:
         q = q[:, :, :, :4] | (q[:, :, :, 4:] << 4)  # levels 16.. in the high nibbles
-    packed = q.permute(0, 2, 3, 1, 4).contiguous()  # b g j f i
+    blocks = q.shape[0]
+    q = q.permute(0, 2, 3, 1, 4).reshape(blocks, k // GROUP, -1)  # b g (j f i)
     sz = F.pad(scales_zeros, (0, 0, 0, pad)).reshape(k // GROUP, -1, BLOCK, 2).transpose(0, 1)  # b g f 2
-    return packed, sz[..., 0].contiguous(), sz[..., 1].contiguous()
+    words = sz.contiguous().view(torch.uint8).reshape(blocks, k // GROUP, 4 * BLOCK)
+    return torch.cat([q, words], dim=-1)
 
 
-def linear_struct(packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
-                  out_features: int, bits: int) -> Linear:
-    q, scales, zeros = packed
-    return Linear(q.data_ptr(), scales.data_ptr(), zeros.data_ptr(), bias.data_ptr() if bias is not None else None,
-                  out_features, q.shape[1] * GROUP, bits)
+def linear_struct(records: torch.Tensor, bias: torch.Tensor | None, out_features: int, bits: int) -> Linear:
+    return Linear(records.data_ptr(), bias.data_ptr() if bias is not None else None, out_features,
+                  records.shape[1] * GROUP, bits)

@@ -38,8 +38,8 @@
 #define PRAGMA_UNROLL _Pragma("GCC unroll 8") /* tiles' loops: accumulators stay in registers */
 
 typedef struct {
-    const uint8_t *q;                      /* (blocks, groups, 256 or 512) levels (see block_levels) */
-    const uint16_t *scales, *zeros, *bias; /* (blocks, groups, 16) bf16 each; bias (out,) bf16 or NULL */
+    const uint8_t *q;     /* (blocks, groups, RECORD_BYTES) levels, scales and zeros (see block_levels) */
+    const uint16_t *bias; /* (out,) bf16 or NULL */
     int out, in;
     int bits; /* 4: two levels a byte; 8: one */
 } linear_t;
@@ -164,8 +164,11 @@ static inline void quantize_group(const float *x, int r, int g, int in, qinput_t
 }
 
 /* Weights (see pack_levels in __init__.py): blocks of BLOCK output features (the last padded
- * with zero scales); scales and zeros (blocks, groups, BLOCK) bf16. int4: each group of a block
- * 256 bytes, four steps of 64 bytes, step j holding for each feature 4 bytes, byte i = level
+ * with zero scales), each group of a block one record: its levels, then a 32-bit word per feature,
+ * the scale's bf16 in the low half and the zero's in the high half (so each is one shift or mask
+ * from a float). One record, one stream from memory: with levels, scales and zeros in three
+ * arrays, a one-row step read 12 streams at once and took about 7% longer on AMD Zen 4
+ * (docs/results/weight-streams). int4: each group's levels 256 bytes, four steps of 64 bytes, step j holding for each feature 4 bytes, byte i = level
  * 4j + i (low nibble) and level 16 + 4j + i (high nibble). int8: each group 512 bytes, eight
  * steps of 64 bytes, step j holding for each feature levels 4j..4j + 3: the same order, with
  * the high nibbles' levels 256 bytes further on. So a vector of levels holds 4 inputs of 16
@@ -175,9 +178,15 @@ static inline void quantize_group(const float *x, int r, int g, int in, qinput_t
  * loops below. Both formats run the same float steps on an exact integer sum; only the zero
  * point of the levels, ZERO_LEVEL, differs. */
 #define GROUP_BYTES(BITS) (GROUP * BLOCK * (BITS) / 8)
+#define RECORD_BYTES(BITS) (GROUP_BYTES(BITS) + 4 * BLOCK)
 #define ZERO_LEVEL(BITS) ((BITS) == 4 ? 8.f : 128.f)
+#define ZERO_HALF 0xffff0000u /* a word's zero, as the bits of a float */
 static inline const uint8_t *block_levels(const linear_t *lin, int b, int g, int bits) {
-    return lin->q + ((size_t)b * (lin->in / GROUP) + g) * GROUP_BYTES(bits);
+    return lin->q + ((size_t)b * (lin->in / GROUP) + g) * RECORD_BYTES(bits);
+}
+
+static inline const uint32_t *block_words(const linear_t *lin, int b, int g, int bits) {
+    return (const uint32_t *)(block_levels(lin, b, g, bits) + GROUP_BYTES(bits));
 }
 
 #if defined(VECTOR_512) && defined(__AVX512VNNI__)
@@ -190,15 +199,18 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
     for (int c = 0; c < NB; c++)
         PRAGMA_UNROLL
         for (int r = 0; r < NR; r++) acc[c][r] = _mm512_setzero_ps();
-    const __m512i nibble = _mm512_set1_epi8(15);
+    /* one or two rows: int4's high nibbles multiply in place, as 16 times their level (exact in
+     * int32), and each row's sum is divided by 16 once a group, not the levels shifted each step */
+    const int in_place = BITS == 4 && NR <= 2;
+    const __m512i nibble = _mm512_set1_epi8(15), high = _mm512_set1_epi8((char)0xf0);
     for (int g = 0; g < groups; g++) {
-        /* four rows or more: the levels 8 groups ahead, so that memory streams them while the
+        /* four rows or more: the records 8 groups ahead, so that memory streams them while the
          * rows compute (without it the two took turns: 8 rows cost 1.9 one-row passes, 1.6 with
          * it, on AMD Zen 4); fewer rows keep up with memory, and there it only slowed them */
         if (NR >= 4)
             PRAGMA_UNROLL
             for (int c = 0; c < NB; c++)
-                for (int k = 0; k < GROUP_BYTES(BITS) / 64; k++)
+                for (int k = 0; k < RECORD_BYTES(BITS) / 64; k++)
                     _mm_prefetch((const char *)block_levels(lin, b0 + c, g + 8, BITS) + 64 * k, _MM_HINT_T0);
         __m512i lo_sum[4][8], hi_sum[4][8]; /* exact: the order of integer additions is free */
         PRAGMA_UNROLL
@@ -213,7 +225,8 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
                 __m512i lo, hi;
                 if (BITS == 4) {
                     __m512i v = _mm512_loadu_si512(at);
-                    lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                    lo = _mm512_and_si512(v, nibble);
+                    hi = in_place ? _mm512_and_si512(v, high) : _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
                 } else {
                     lo = _mm512_loadu_si512(at), hi = _mm512_loadu_si512(at + 256);
                 }
@@ -228,13 +241,15 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
             }
         PRAGMA_UNROLL
         for (int c = 0; c < NB; c++) {
-            size_t at = ((size_t)(b0 + c) * groups + g) * BLOCK;
-            __m512 s = load_bf16(lin->scales + at, 0xffff);
-            __m512 zero = _mm512_fnmadd_ps(_mm512_set1_ps(ZERO_LEVEL(BITS)), s, load_bf16(lin->zeros + at, 0xffff));
+            __m512i words = _mm512_loadu_si512(block_words(lin, b0 + c, g, BITS));
+            __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
+            __m512 zero = _mm512_fnmadd_ps(_mm512_set1_ps(ZERO_LEVEL(BITS)), s,
+                                           _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32(ZERO_HALF))));
             PRAGMA_UNROLL
             for (int r = 0; r < NR; r++) {
                 size_t rg = (size_t)(r0 + r) * groups + g;
-                __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(lo_sum[c][r], hi_sum[c][r]));
+                __m512i highs = in_place ? _mm512_srai_epi32(hi_sum[c][r], 4) : hi_sum[c][r];
+                __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(lo_sum[c][r], highs));
                 acc[c][r] = _mm512_fmadd_ps(isum, _mm512_mul_ps(s, _mm512_set1_ps(qi.dx[rg])), acc[c][r]);
                 acc[c][r] = _mm512_fmadd_ps(zero, _mm512_set1_ps(qi.sums[rg]), acc[c][r]);
             }
@@ -250,6 +265,12 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define TILE_AVX2 1
+/* 8 features' scales and (zero - zero_level * scale) from their words. */
+static inline void scale_zero8(__m256i words, float zero_level, __m256 *s, __m256 *zero) {
+    *s = _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
+    *zero = _mm256_fnmadd_ps(_mm256_set1_ps(zero_level), *s,
+                             _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32((int)ZERO_HALF))));
+}
 /* AVX2 without VNNI: a 256-bit vector of levels holds 4 inputs of 8 features (half a block). u8 x
  * s8 products summed in pairs (maddubs: at most 2 * 15 * 127 = 3810, so no saturation), the low and
  * high nibbles of the 4 steps added in 16 bits (at most 8 * 3810 = 30480 < 32767), then pairs to
@@ -305,9 +326,9 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
         for (int c = 0; c < NB; c++)
             PRAGMA_UNROLL
             for (int h = 0; h < 2; h++) {
-                size_t at = ((size_t)(b0 + c) * groups + g) * BLOCK + 8 * h;
-                __m256 s = load_bf16x8(lin->scales + at);
-                __m256 zero = _mm256_fnmadd_ps(_mm256_set1_ps(ZERO_LEVEL(BITS)), s, load_bf16x8(lin->zeros + at));
+                __m256i words = _mm256_loadu_si256((const __m256i *)(block_words(lin, b0 + c, g, BITS) + 8 * h));
+                __m256 s, zero;
+                scale_zero8(words, ZERO_LEVEL(BITS), &s, &zero);
                 PRAGMA_UNROLL
                 for (int r = 0; r < NR; r++) {
                     size_t rg = (size_t)(r0 + r) * groups + g;
@@ -371,15 +392,13 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
 static void tile_rows4(const linear_t *lin, int b, qinput_t qi, int r0, float *out) { /* int4 */
     /* locals, not fields of *lin: the assembly's memory clobber would reload those every group */
     const int in = lin->in, groups = in / GROUP, width = lin->out;
-    const uint8_t *levels = block_levels(lin, b, 0, 4);
-    const uint16_t *scales = lin->scales + (size_t)b * groups * BLOCK, *zeros = lin->zeros + (size_t)b * groups * BLOCK;
     const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     float *dst = out + (size_t)r0 * width + b * BLOCK;
     for (int r = 0; r < 4; r++)
         _mm256_storeu_ps(dst + (size_t)r * width, _mm256_setzero_ps()),
             _mm256_storeu_ps(dst + (size_t)r * width + 8, _mm256_setzero_ps());
     for (int g = 0; g < groups; g++) {
-        const uint8_t *lv = levels + (size_t)g * (GROUP * BLOCK / 2);
+        const uint8_t *lv = block_levels(lin, b, g, 4);
         const int8_t *p0 = qi.q + (size_t)r0 * in + g * GROUP, *p3 = p0 + 3 * (size_t)in; /* rows 0 and 3 */
         __m256i s00 = _mm256_setzero_si256(), s01 = s00, s02 = s00, s03 = s00, s10 = s00, s11 = s00, s12 = s00,
                 s13 = s00, lo0, hi0, lo1, hi1, a, c, t;
@@ -393,8 +412,8 @@ static void tile_rows4(const linear_t *lin, int b, qinput_t qi, int r0, float *o
         __m256i sum[2][4] = {{s00, s01, s02, s03}, {s10, s11, s12, s13}};
         PRAGMA_UNROLL
         for (int h = 0; h < 2; h++) {
-            __m256 s = load_bf16x8(scales + g * BLOCK + 8 * h);
-            __m256 zero = _mm256_fnmadd_ps(_mm256_set1_ps(8.f), s, load_bf16x8(zeros + g * BLOCK + 8 * h));
+            __m256 s, zero;
+            scale_zero8(_mm256_loadu_si256((const __m256i *)(block_words(lin, b, g, 4) + 8 * h)), 8.f, &s, &zero);
             PRAGMA_UNROLL
             for (int r = 0; r < 4; r++) {
                 size_t rg = (size_t)(r0 + r) * groups + g;
@@ -427,10 +446,11 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
                             else
                                 isum += v * px[4 * j + i] + q[256 + 64 * j + 4 * f + i] * px[16 + 4 * j + i];
                         }
-                    size_t at = ((size_t)(b0 + c) * groups + g) * BLOCK + f, rg = (size_t)r * groups + g;
-                    float s = bf16_to_f32(lin->scales[at]);
+                    size_t rg = (size_t)r * groups + g;
+                    uint32_t word = block_words(lin, b0 + c, g, BITS)[f];
+                    float s = bf16_to_f32((uint16_t)word);
                     acc = fmaf((float)isum, s * qi.dx[rg], acc);
-                    acc = fmaf(fmaf(-ZERO_LEVEL(BITS), s, bf16_to_f32(lin->zeros[at])), qi.sums[rg], acc);
+                    acc = fmaf(fmaf(-ZERO_LEVEL(BITS), s, bf16_to_f32((uint16_t)(word >> 16))), qi.sums[rg], acc);
                 }
                 out[(size_t)r * lin->out + (b0 + c) * BLOCK + f] = acc;
             }
@@ -924,8 +944,7 @@ typedef struct {
 static linear_t feature_range(const linear_t *lin, int first, int count) {
     linear_t part = *lin;
     size_t skipped = (size_t)(first / BLOCK) * (lin->in / GROUP); /* (block, group) pairs before it */
-    part.q += skipped * GROUP_BYTES(lin->bits);
-    part.scales += skipped * BLOCK, part.zeros += skipped * BLOCK;
+    part.q += skipped * RECORD_BYTES(lin->bits);
     if (part.bias) part.bias += first;
     part.out = count;
     return part;
