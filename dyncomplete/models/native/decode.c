@@ -166,10 +166,11 @@ static inline void quantize_group(const float *x, int r, int g, int in, qinput_t
 /* Weights (see pack_levels in __init__.py): blocks of BLOCK output features (the last padded
  * with zero scales), each group of a block one record: its levels, then a 32-bit word per feature,
  * the scale's bf16 in the low half and the zero's in the high half (so each is one shift or mask
- * from a float). One record, one stream from memory: with levels, scales and zeros in three
- * arrays, a one-row step read 12 streams at once and took about 7% longer on AMD Zen 4
- * (docs/results/weight-streams). int4: each group's levels 256 bytes, four steps of 64 bytes, step j holding for each feature 4 bytes, byte i = level
- * 4j + i (low nibble) and level 16 + 4j + i (high nibble). int8: each group 512 bytes, eight
+ * from a float). One record is one stream from memory: a one-row tile over levels, scales and
+ * zeros in three arrays read 12 streams at once, and was slower on AMD Zen 4
+ * (docs/results/weight-streams). int4: each group's levels 256 bytes, four steps of 64 bytes,
+ * step j holding for each feature 4 bytes, byte i = level 4j + i (low nibble) and level
+ * 16 + 4j + i (high nibble). int8: each group 512 bytes, eight
  * steps of 64 bytes, step j holding for each feature levels 4j..4j + 3: the same order, with
  * the high nibbles' levels 256 bytes further on. So a vector of levels holds 4 inputs of 16
  * features, and a u8 x s8 dot product (VNNI) against 4 broadcast input values gives each
