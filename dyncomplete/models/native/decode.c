@@ -393,13 +393,15 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
 static void tile_rows4(const linear_t *lin, int b, qinput_t qi, int r0, float *out) { /* int4 */
     /* locals, not fields of *lin: the assembly's memory clobber would reload those every group */
     const int in = lin->in, groups = in / GROUP, width = lin->out;
+    const uint8_t *records = block_levels(lin, b, 0, 4);
     const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     float *dst = out + (size_t)r0 * width + b * BLOCK;
     for (int r = 0; r < 4; r++)
         _mm256_storeu_ps(dst + (size_t)r * width, _mm256_setzero_ps()),
             _mm256_storeu_ps(dst + (size_t)r * width + 8, _mm256_setzero_ps());
     for (int g = 0; g < groups; g++) {
-        const uint8_t *lv = block_levels(lin, b, g, 4);
+        const uint8_t *lv = records + (size_t)g * RECORD_BYTES(4);
+        const uint32_t *words = (const uint32_t *)(lv + GROUP_BYTES(4));
         const int8_t *p0 = qi.q + (size_t)r0 * in + g * GROUP, *p3 = p0 + 3 * (size_t)in; /* rows 0 and 3 */
         __m256i s00 = _mm256_setzero_si256(), s01 = s00, s02 = s00, s03 = s00, s10 = s00, s11 = s00, s12 = s00,
                 s13 = s00, lo0, hi0, lo1, hi1, a, c, t;
@@ -414,7 +416,7 @@ static void tile_rows4(const linear_t *lin, int b, qinput_t qi, int r0, float *o
         PRAGMA_UNROLL
         for (int h = 0; h < 2; h++) {
             __m256 s, zero;
-            scale_zero8(_mm256_loadu_si256((const __m256i *)(block_words(lin, b, g, 4) + 8 * h)), 8.f, &s, &zero);
+            scale_zero8(_mm256_loadu_si256((const __m256i *)(words + 8 * h)), 8.f, &s, &zero);
             PRAGMA_UNROLL
             for (int r = 0; r < 4; r++) {
                 size_t rg = (size_t)(r0 + r) * groups + g;
