@@ -1,11 +1,10 @@
-"""The AVX2 build (-march=x86-64-v3) of decode.c before (three arrays) and after (one record a
-group): one int4 product of Qwen2.5-Coder-0.5B's widths, 1 and 8 rows, 15 alternating rounds,
-medians; the same bits checked. Run on an AVX-512 CPU, so only a proxy for a Zen 3. The two
-libraries, from the revisions' decode.c:
-gcc -O3 -march=x86-64-v3 -fopenmp -ffp-contract=off -shared -fPIC decode.c -o /tmp/s67/avx2_old.so -lm
-(d174b50's decode.c) and the same into /tmp/s67/avx2_new.so (this tree's); then
-OMP_NUM_THREADS=2 python docs/results/records-zen4/avx2_ab.py"""
-import ctypes, statistics, time
+"""The AVX2 build (-march=x86-64-v3) of decode.c at git revision BEFORE (levels, scales and zeros in
+three arrays) against the working tree's (one record a group): one int4 product of
+Qwen2.5-Coder-0.5B's widths, 1 and 8 rows, 15 alternating rounds, medians; the same bits checked.
+Run on an AVX-512 CPU it is only a stand-in for a Zen 3.
+OMP_NUM_THREADS=2 python docs/results/records-zen4/avx2_ab.py d174b50"""
+import ctypes, statistics, subprocess, sys, tempfile, time
+from pathlib import Path
 import torch
 from dyncomplete.models import native
 from dyncomplete.models.weights import quantize_levels
@@ -14,9 +13,16 @@ class OldLinear(ctypes.Structure):
     _fields_ = [("q", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("zeros", ctypes.c_void_p),
                 ("bias", ctypes.c_void_p), ("out", ctypes.c_int), ("in_", ctypes.c_int), ("bits", ctypes.c_int)]
 
+FLAGS = [f if f != "-march=native" else "-march=x86-64-v3" for f in native.FLAGS]  # the tests' AVX2 build
+build = Path(tempfile.mkdtemp())
+sources = {"old": subprocess.run(["git", "show", f"{sys.argv[1]}:dyncomplete/models/native/decode.c"], check=True,
+                                 capture_output=True, text=True).stdout,
+           "new": native.SOURCE.read_text()}
 libs = {}
-for v in ("old", "new"):
-    lib = ctypes.CDLL(f"/tmp/s67/avx2_{v}.so")
+for v, text in sources.items():
+    (build / f"{v}.c").write_text(text)
+    subprocess.run(["cc", *FLAGS, str(build / f"{v}.c"), "-o", str(build / f"{v}.so"), "-lm"], check=True)
+    lib = ctypes.CDLL(str(build / f"{v}.so"))
     lib.linear_workspace_floats.argtypes, lib.linear_workspace_floats.restype = [ctypes.c_int] * 3, ctypes.c_long
     lib.linear_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 2
     libs[v] = lib
