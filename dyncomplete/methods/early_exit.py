@@ -135,7 +135,7 @@ class EarlyExit(DecodingMethod):
         if not last:
             return None
         h = model.run_layers(depth, h[:, -1:], model.context(torch.tensor([start + projected])), cache)
-        return model.head(model.final_norm(h)).float()[0, -1]
+        return model.logits(h)[0, -1]
 
     def step(self, model, token, position, cache, pending, stats, policy: ExitPolicy | None = None,
              shortlist: RequestShortlist | None = None):
@@ -189,7 +189,7 @@ class EarlyExit(DecodingMethod):
     def _full_logits(model, h, stats) -> torch.Tensor:
         """The last row's logits after every layer."""
         stats.head_evals += 1
-        return model.head(model.final_norm(h[:, -1:])).float()[0, -1]
+        return model.logits(h[:, -1:])[0, -1]
 
     def _native_step(self, model, token, position, cache, pending, stats, policy, shortlist):
         """`step` with the decisions inside decode.c's layer loop (`LayeredModel.run_exit`): one

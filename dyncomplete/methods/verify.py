@@ -85,7 +85,7 @@ def score(model, cache, last_token: int, draft: Draft, position: int) -> torch.T
     else:
         hidden, start = draft.hidden, draft.start_layer
     hidden = model.run_layers(start, hidden, ctx, cache)
-    return model.head(model.final_norm(hidden))[0].float()
+    return model.logits(hidden)[0]
 
 
 def accept_greedy(logits: torch.Tensor, tokens: list[int]) -> tuple[int, int]:

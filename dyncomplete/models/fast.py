@@ -238,10 +238,28 @@ class FastEngine:
         return F.embedding(ids, self.embedding)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._native_tail(hidden):
+            return bindings.final_norm(self.native.dims, self.final_norm_weight, hidden)
         return self.rms_norm(hidden, self.final_norm_weight)
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
         return self.lm_head(normed)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`head(final_norm(hidden)).float()`, in one call of decode.c for the rows the head's
+        kernel takes: a step's few small PyTorch operations after the layers each began with caches
+        the weights had just streamed through."""
+        if self._native_tail(hidden) and hidden.numel() <= SHORT_QUERY * hidden.shape[-1]:
+            return bindings.final_logits(self.native.dims, self.final_norm_weight, self.lm_head.native, hidden)
+        return self.head(self.final_norm(hidden)).float()
+
+    def _native_tail(self, hidden: torch.Tensor) -> bool:
+        """Whether decode.c takes the final norm: the native kernels run this model, and no gradient
+        flows through it (training runs PyTorch's norm, with the same roundings but its own order
+        of the sum of squares)."""
+        if self.native is None or hidden.shape[-1] > native.MAX_WIDTH:
+            return False
+        return not (torch.is_grad_enabled() and (hidden.requires_grad or self.final_norm_weight.requires_grad))
 
     def run_layers(self, layers: range, hidden: torch.Tensor, ctx: StepContext, cache: KVCache | None) -> torch.Tensor:
         """In one call of decode.c where `run_native` can (the same results, without Python between

@@ -125,6 +125,9 @@ class HFEngine:
             logits = torch.tanh(logits / self.d.softcap) * self.d.softcap
         return logits
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(self.final_norm(hidden)).float()
+
     def weight_bytes_per_token(self) -> int:
         """Every decoder layer and the LM head, each tensor once (a tied embedding is the head; of
         the embedding itself one row is read, left out)."""

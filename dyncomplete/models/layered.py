@@ -144,6 +144,13 @@ class LayeredModel:
             self.head_tap(normed)
         return self._engine().head(normed)
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits of hidden states after the last layer: `head(final_norm(hidden))`, the
+        fast engine's in one native call (the same values)."""
+        if self.head_tap is not None:
+            return self.head(self.final_norm(hidden)).float()
+        return self._engine().logits(hidden)
+
     def batchable(self, cache: KVCache | None, start: int, q_len: int) -> bool:
         """Whether `forward_batch` takes q_len new tokens at `start` after `cache`'s contents."""
         return self._engine().batchable(cache, start, q_len)
@@ -161,7 +168,7 @@ class LayeredModel:
             runs.append((self.embed(torch.tensor(ids), ctx), ctx, cache))
         outs = engine.run_batch(runs)
         wanted = torch.cat([out[0, len(out[0]) - step[3]:] for out, step in zip(outs, steps)])
-        heads = [self.head(self.final_norm(wanted[None, a : a + SHORT_QUERY])).float()[0]  # the quantized kernel's rows
+        heads = [self.logits(wanted[None, a : a + SHORT_QUERY])[0]  # the quantized kernel's rows
                  for a in range(0, len(wanted), SHORT_QUERY)]
         rows = torch.cat(heads) if heads else wanted
         logits, at = [], 0
@@ -194,4 +201,4 @@ class LayeredModel:
         hidden = self.run_layers(0, self.embed(ids, ctx), ctx, cache)
         if last_only:
             hidden = hidden[:, -1:]
-        return self.head(self.final_norm(hidden)).float()
+        return self.logits(hidden)

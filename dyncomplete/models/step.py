@@ -66,5 +66,8 @@ class Engine(Protocol):
 
     def head(self, normed: torch.Tensor) -> torch.Tensor: ...
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits of hidden states after the last layer: `head(final_norm(hidden))`."""
+
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode token reads, in the format this engine reads."""

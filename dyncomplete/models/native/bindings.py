@@ -21,6 +21,26 @@ def linear(weights: Linear, rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def final_norm(dims: Dims, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's final norm (`weight` (hidden,) bf16) of hidden (..., hidden) bf16, row by row."""
+    rows = hidden.reshape(-1, dims.hidden).contiguous()  # kept alive through the call
+    out = torch.empty_like(rows)
+    library().final_norm_bf16(ctypes.byref(dims), weight.data_ptr(), rows.data_ptr(), rows.shape[0], out.data_ptr())
+    return out.view(hidden.shape)
+
+
+def final_logits(dims: Dims, weight: torch.Tensor, head: Linear, hidden: torch.Tensor) -> torch.Tensor:
+    """float32 logits (..., vocab) of hidden (..., hidden) bf16: `final_norm`, then the packed LM
+    `head`, in one call; the values of `linear` on `final_norm`'s rows."""
+    rows = hidden.reshape(-1, dims.hidden).contiguous()  # kept alive through the call
+    n, lib = rows.shape[0], library()
+    out = torch.empty(n, head.out)
+    work = torch.empty(lib.logits_workspace_floats(dims.hidden, n))
+    lib.final_logits(ctypes.byref(dims), weight.data_ptr(), ctypes.byref(head), rows.data_ptr(), n, out.data_ptr(),
+                     work.data_ptr())
+    return out.view(*hidden.shape[:-1], head.out)
+
+
 def rotate_keys(src: list[torch.Tensor], source: int, dst: list[torch.Tensor], start: int, n: int,
                 cos: torch.Tensor, sin: torch.Tensor) -> None:
     """Each layer's keys (1, heads, d, capacity) bf16 of positions source .. source + n - 1 in

@@ -1131,20 +1131,57 @@ static float dot(const float *a, const float *b, int n) {
     return total;
 }
 
-/* P(exit) of one hidden state (bf16, dm->hidden) at exit layer e of L. */
-float exit_probability(const dims_t *dm, const exit_net_t *net, const uint16_t *final_norm, const uint16_t *hidden,
-                       int e, int L) {
-    float a[MAX_WIDTH + 1], b[MAX_WIDTH + 1], *x = a, *y = b, ss = 0.f;
-    int n = dm->hidden;
+/* The model's final norm of one hidden state (bf16, n features) into x: normalised in float32,
+ * rounded to bf16, then times the weight rounded again (the model's order of roundings; the sum of
+ * squares in order, one fused multiply-add a feature). The values of `FastEngine.final_norm`. */
+static void final_norm_row(const uint16_t *hidden, int n, const uint16_t *weight, float eps, float *x) {
+    float ss = 0.f;
     for (int i = 0; i < n; i++) {
         x[i] = bf16_to_f32(hidden[i]);
         ss = fmaf(x[i], x[i], ss);
     }
+    float inv = 1.f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(x[i] * inv)) * bf16_to_f32(weight[i])));
+}
+
+/* The final norm of `rows` hidden states (rows, hidden) bf16: out (rows, hidden) bf16. */
+void final_norm_bf16(const dims_t *dm, const uint16_t *weight, const uint16_t *hidden, int rows, uint16_t *out) {
+    float x[MAX_WIDTH];
+    for (int r = 0; r < rows; r++) {
+        final_norm_row(hidden + (size_t)r * dm->hidden, dm->hidden, weight, dm->eps, x);
+        for (int i = 0; i < dm->hidden; i++) out[(size_t)r * dm->hidden + i] = f32_to_bf16(x[i]);
+    }
+}
+
+/* Floats of scratch `final_logits` needs. */
+long logits_workspace_floats(int in, int rows) { return (long)rows * (in + INPUT_SCRATCH(in)); }
+
+/* A step's logits in one call: the final norm of `rows` hidden states (rows, hidden) bf16, then the
+ * LM head's product, each logit rounded to bf16 as the head's bf16 output is and stored widened:
+ * logits (rows, head->out) float32, the values of `linear_bf16` on `final_norm_bf16`'s rows.
+ * ws: logits_workspace_floats(hidden, rows) floats. */
+void final_logits(const dims_t *dm, const uint16_t *weight, const linear_t *head, const uint16_t *hidden, int rows,
+                  float *logits, float *ws) {
+    float *x = ws, *scratch = ws + (size_t)rows * dm->hidden;
+    for (int r = 0; r < rows; r++)
+        final_norm_row(hidden + (size_t)r * dm->hidden, dm->hidden, weight, dm->eps, x + (size_t)r * dm->hidden);
+    linear_f32(head, x, rows, scratch, logits);
+    for (long i = 0; i < (long)rows * head->out; i++) logits[i] = bf16_to_f32(f32_to_bf16(logits[i]));
+}
+
+/* P(exit) of one hidden state (bf16, dm->hidden) at exit layer e of L. */
+float exit_probability(const dims_t *dm, const exit_net_t *net, const uint16_t *final_norm, const uint16_t *hidden,
+                       int e, int L) {
+    float a[MAX_WIDTH + 1], b[MAX_WIDTH + 1], *x = a, *y = b;
+    int n = dm->hidden;
     if (net->features == FEATURES_FINAL_NORM) {
-        float inv = 1.f / sqrtf(ss / (float)n + dm->eps);
-        for (int i = 0; i < n; i++) /* rounded to bf16, then times the weight rounded again: the model's order */
-            x[i] = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(x[i] * inv)) * bf16_to_f32(final_norm[i])));
+        final_norm_row(hidden, n, final_norm, dm->eps, x);
     } else {
+        float ss = 0.f;
+        for (int i = 0; i < n; i++) {
+            x[i] = bf16_to_f32(hidden[i]);
+            ss = fmaf(x[i], x[i], ss);
+        }
         float inv = 1.f / sqrtf(ss / (float)n + 1e-6f);
         for (int i = 0; i < n; i++) x[i] *= inv;
         x[n++] = (float)e / (float)L;
