@@ -528,26 +528,34 @@ static inline __attribute__((always_inline)) void block_products(const linear_t 
         }
 }
 
+/* Functions named *_team run inside a parallel region, called by every thread of the team, and
+ * end with the team in step (a barrier): a layer is one region, not one per product, attention
+ * and row-wise step (each fork and join of the threads cost more than a barrier). */
+
 /* out (rows, lin->out) = x (rows, lin->in) W^T + bias, float32; scratch: rows * INPUT_SCRATCH(in). */
-static void linear_f32(const linear_t *lin, const float *x, int rows, float *scratch, float *out) {
+static void linear_team(const linear_t *lin, const float *x, int rows, float *scratch, float *out) {
     int groups = lin->in / GROUP, blocks = (lin->out + BLOCK - 1) / BLOCK;
     qinput_t qi = input_layout(rows, lin->in, scratch);
-#pragma omp parallel
-    {
 #pragma omp for schedule(static)
-        for (int i = 0; i < rows * groups; i++) quantize_group(x, i / groups, i % groups, lin->in, qi);
-        /* each thread an equal share of the blocks (whole units left threads up to a unit apart:
-         * SmolLM2's 36-block products ran 5 units against 4) */
-        int t = omp_get_thread_num(), threads = omp_get_num_threads();
-        int b0 = (int)((long)blocks * t / threads), b1 = (int)((long)blocks * (t + 1) / threads);
-        if (lin->bits == 8)
-            block_products(lin, b0, b1, qi, rows, out, 8);
-        else
-            block_products(lin, b0, b1, qi, rows, out, 4);
-    }
+    for (int i = 0; i < rows * groups; i++) quantize_group(x, i / groups, i % groups, lin->in, qi);
+    /* each thread an equal share of the blocks (whole units left threads up to a unit apart:
+     * SmolLM2's 36-block products ran 5 units against 4), their bias added where they were summed */
+    int t = omp_get_thread_num(), threads = omp_get_num_threads();
+    int b0 = (int)((long)blocks * t / threads), b1 = (int)((long)blocks * (t + 1) / threads);
+    if (lin->bits == 8)
+        block_products(lin, b0, b1, qi, rows, out, 8);
+    else
+        block_products(lin, b0, b1, qi, rows, out, 4);
+    int n1 = b1 * BLOCK < lin->out ? b1 * BLOCK : lin->out;
     if (lin->bias)
         for (int r = 0; r < rows; r++)
-            for (int n = 0; n < lin->out; n++) out[(size_t)r * lin->out + n] += bf16_to_f32(lin->bias[n]);
+            for (int n = b0 * BLOCK; n < n1; n++) out[(size_t)r * lin->out + n] += bf16_to_f32(lin->bias[n]);
+#pragma omp barrier
+}
+
+static void linear_f32(const linear_t *lin, const float *x, int rows, float *scratch, float *out) {
+#pragma omp parallel
+    linear_team(lin, x, rows, scratch, out);
 }
 
 /* -- the layer ------------------------------------------------------------------------------ */
@@ -909,43 +917,40 @@ static void swiglu(const float *gate, const float *up, int n, float *out) {
 /* Attention of rows in cache slots start, start + 1, ...: each row sees the slots before start
  * and, among the step's rows, itself and its ancestors; parent[r] is row r's parent row (-1: none,
  * the first row) or parent == NULL for a chain (row r - 1). q (rows, heads, d) float32. */
-static void attention(const dims_t *dm, const float *q, int rows, int start, const int *parent, const uint16_t *keys,
-                      const uint16_t *values, int capacity, float *out) {
+static void attention_team(const dims_t *dm, const float *q, int rows, int start, const int *parent,
+                           const uint16_t *keys, const uint16_t *values, int capacity, float *out) {
     int H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, G = dm->heads / dm->kv_heads;
     /* Tasks: a row's heads that read one kv head, split in `parts` so that the threads get equal
      * shares where they can (SmolLM2, 3 kv heads, one row: 6 tasks of 1-2 heads for 2 threads),
      * ordered kv head first: a thread's rows then read the same keys and values, all but the first
      * from its own caches (ordered row first, every thread read every kv head from memory, and a
      * verification pass over a long cache cost a one-token step's attention again per row). */
-    int parts = 1, threads = omp_get_max_threads();
+    int parts = 1, threads = omp_get_num_threads();
     while ((rows * KV * parts) % threads && parts < G) parts++;
-#pragma omp parallel
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(G < 8 ? G : 8) * (start + rows));
-        int *tail = malloc(sizeof(int) * (size_t)rows);
+    float *scores = malloc(sizeof(float) * (size_t)(G < 8 ? G : 8) * (start + rows));
+    int *tail = malloc(sizeof(int) * (size_t)rows);
 #pragma omp for schedule(static)
-        for (int task = 0; task < rows * KV * parts; task++) {
-            int kv = task / (rows * parts), r = task / parts % rows, part = task % parts;
-            int h0 = kv * G + part * G / parts, h1 = kv * G + (part + 1) * G / parts; /* heads h0..h1 - 1 */
-            /* a chain's row r sees the contiguous slots 0..start + r: all of them the prefix, so that
-             * a prompt's chunk scores its own keys in whole vectors (a key's score has the same bits
-             * in a vector or in the tail) */
-            int ntail = 0, prefix = parent ? start : start + r + 1;
-            if (parent) {
-                for (int a = r; a >= 0; a = parent[a]) tail[ntail++] = a; /* r, its parent, ... */
-                for (int i = 0; i < ntail / 2; i++) { /* oldest first */
-                    int t = tail[i];
-                    tail[i] = tail[ntail - 1 - i], tail[ntail - 1 - i] = t;
-                }
-                for (int i = 0; i < ntail; i++) tail[i] += start;
+    for (int task = 0; task < rows * KV * parts; task++) {
+        int kv = task / (rows * parts), r = task / parts % rows, part = task % parts;
+        int h0 = kv * G + part * G / parts, h1 = kv * G + (part + 1) * G / parts; /* heads h0..h1 - 1 */
+        /* a chain's row r sees the contiguous slots 0..start + r: all of them the prefix, so that
+         * a prompt's chunk scores its own keys in whole vectors (a key's score has the same bits
+         * in a vector or in the tail) */
+        int ntail = 0, prefix = parent ? start : start + r + 1;
+        if (parent) {
+            for (int a = r; a >= 0; a = parent[a]) tail[ntail++] = a; /* r, its parent, ... */
+            for (int i = 0; i < ntail / 2; i++) { /* oldest first */
+                int t = tail[i];
+                tail[i] = tail[ntail - 1 - i], tail[ntail - 1 - i] = t;
             }
-            attend(q + ((size_t)r * H + h0) * d, h1 - h0, keys + (size_t)kv * d * capacity,
-                   values + (size_t)kv * capacity * d, prefix, tail, ntail, d, capacity, dm->scale, scores,
-                   out + ((size_t)r * H + h0) * d);
+            for (int i = 0; i < ntail; i++) tail[i] += start;
         }
-        free(tail);
-        free(scores);
+        attend(q + ((size_t)r * H + h0) * d, h1 - h0, keys + (size_t)kv * d * capacity,
+               values + (size_t)kv * capacity * d, prefix, tail, ntail, d, capacity, dm->scale, scores,
+               out + ((size_t)r * H + h0) * d);
     }
+    free(tail);
+    free(scores);
 }
 
 /* Floats of scratch `layer_forward` needs for `rows` rows. */
@@ -983,40 +988,41 @@ static linear_t feature_range(const linear_t *lin, int first, int count) {
  * keys and values written in its cache slots. cos/sin: the rows' rotary rows (rows, head_dim).
  * Without `queries` (keys and values projected for skipped layers) the fused product skips the
  * queries' features where they fill whole blocks: qkv then holds (rows, 2 KV d), the same bits. */
-static void project_qkv(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, const segment_t *seg, int segs,
-                        const uint16_t *cos, const uint16_t *sin, float *h, float *x, float *qkv, float *scratch,
-                        int queries) {
+static void project_qkv_team(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, const segment_t *seg,
+                             int segs, const uint16_t *cos, const uint16_t *sin, float *h, float *x, float *qkv,
+                             float *scratch, int queries) {
     int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim;
     int skip = !queries && (H * d) % BLOCK == 0 ? H * d : 0; /* leading features not computed */
     int width = (H + 2 * KV) * d - skip, key0 = H * d - skip, rows = 0;
     for (int s = 0; s < segs; s++) rows += seg[s].rows;
-#pragma omp parallel for if (rows > 1) schedule(static)
+#pragma omp for schedule(static)
     for (int r = 0; r < rows; r++) {
         for (long i = (long)r * Hd; i < (long)(r + 1) * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
         rms_norm(h + (size_t)r * Hd, 1, Hd, ly->in_norm, dm->eps, x + (size_t)r * Hd);
     }
     linear_t product = skip ? feature_range(&ly->qkv, skip, width) : ly->qkv;
-    linear_f32(&product, x, rows, scratch, qkv);
-    for (int s = 0, r = 0; s < segs; s++)
-        for (int i = 0; i < seg[s].rows; i++, r++) {
-            float *row = qkv + (size_t)r * width;
-            for (int k = skip ? H : 0; k < H + KV; k++)
-                rope(row + k * d - skip, d, cos + (size_t)r * d, sin + (size_t)r * d);
-            int pos = seg[s].start + i, cap = seg[s].capacity;
-            for (int k = 0; k < KV; k++)
-                for (int j = 0; j < d; j++) {
-                    seg[s].keys[((size_t)k * d + j) * cap + pos] = f32_to_bf16(row[key0 + k * d + j]);
-                    seg[s].values[((size_t)k * cap + pos) * d + j] = f32_to_bf16(row[key0 + (KV + k) * d + j]);
-                }
-        }
+    linear_team(&product, x, rows, scratch, qkv);
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        int s = 0, i = r; /* row r is row i of segment s */
+        while (i >= seg[s].rows) i -= seg[s++].rows;
+        float *row = qkv + (size_t)r * width;
+        for (int k = skip ? H : 0; k < H + KV; k++) rope(row + k * d - skip, d, cos + (size_t)r * d, sin + (size_t)r * d);
+        int pos = seg[s].start + i, cap = seg[s].capacity;
+        for (int k = 0; k < KV; k++)
+            for (int j = 0; j < d; j++) {
+                seg[s].keys[((size_t)k * d + j) * cap + pos] = f32_to_bf16(row[key0 + k * d + j]);
+                seg[s].values[((size_t)k * cap + pos) * d + j] = f32_to_bf16(row[key0 + (KV + k) * d + j]);
+            }
+    }
 }
 
 /* One decoder layer for the segments' rows, in order: hidden (rows, hidden) bf16 in, out (rows,
  * hidden) bf16 (in place is safe); cos/sin: the rotary rows of the tokens' positions (rows,
  * head_dim) bf16 (a chain's are start, start + 1, ...; a tree's, start + depth). The products run
  * on every row at once; attention reads each segment's own cache. */
-static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out,
-                          const segment_t *seg, int segs, const uint16_t *cos, const uint16_t *sin, float *ws) {
+static void layer_team(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out,
+                       const segment_t *seg, int segs, const uint16_t *cos, const uint16_t *sin, float *ws) {
     int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, I = dm->intermediate;
     int nqkv = (H + 2 * KV) * d, rows = 0;
     for (int s = 0; s < segs; s++) rows += seg[s].rows;
@@ -1024,25 +1030,40 @@ static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *h
     float *q = att + (size_t)rows * H * d, *gu = q + (size_t)rows * H * d, *act = gu + (size_t)rows * 2 * I;
     float *scratch = act + (size_t)rows * I;
 
-    project_qkv(dm, ly, hidden, seg, segs, cos, sin, h, x, qkv, scratch, 1);
+    project_qkv_team(dm, ly, hidden, seg, segs, cos, sin, h, x, qkv, scratch, 1);
     /* queries packed (rows, H, d) for attention */
+#pragma omp for schedule(static)
     for (int r = 0; r < rows; r++) memcpy(q + (size_t)r * H * d, qkv + (size_t)r * nqkv, sizeof(float) * H * d);
     for (int s = 0, r = 0; s < segs; r += seg[s].rows, s++)
-        attention(dm, q + (size_t)r * H * d, seg[s].rows, seg[s].start, seg[s].parent, seg[s].keys, seg[s].values,
-                  seg[s].capacity, att + (size_t)r * H * d);
-    linear_f32(&ly->o, att, rows, scratch, x);
-    /* the row-wise steps between products, on every thread where there are rows to share */
-#pragma omp parallel for if (rows > 1) schedule(static)
+        attention_team(dm, q + (size_t)r * H * d, seg[s].rows, seg[s].start, seg[s].parent, seg[s].keys,
+                       seg[s].values, seg[s].capacity, att + (size_t)r * H * d);
+    linear_team(&ly->o, att, rows, scratch, x);
+    /* the row-wise steps between products, a row a thread */
+#pragma omp for schedule(static)
     for (int r = 0; r < rows; r++) {
         for (long i = (long)r * Hd; i < (long)(r + 1) * Hd; i++) h[i] += x[i];
         rms_norm(h + (size_t)r * Hd, 1, Hd, ly->post_norm, dm->eps, x + (size_t)r * Hd);
     }
-    linear_f32(&ly->gate_up, x, rows, scratch, gu);
-#pragma omp parallel for if (rows > 1) schedule(static)
-    for (int r = 0; r < rows; r++) swiglu(gu + (size_t)r * 2 * I, gu + (size_t)r * 2 * I + I, I, act + (size_t)r * I);
-    linear_f32(&ly->down, act, rows, scratch, x);
-#pragma omp parallel for if (rows > 1) schedule(static)
+    linear_team(&ly->gate_up, x, rows, scratch, gu);
+    { /* SwiGLU, each thread its slice of every row's features, cut at multiples of 16: a feature
+       * takes the vector or the scalar path as it does over the whole row */
+        int t = omp_get_thread_num(), threads = omp_get_num_threads(), chunks = (I + 15) / 16;
+        int f0 = chunks * t / threads * 16, f1 = chunks * (t + 1) / threads * 16 < I ? chunks * (t + 1) / threads * 16 : I;
+        for (int r = 0; r < rows; r++) {
+            float *gate = gu + (size_t)r * 2 * I;
+            swiglu(gate + f0, gate + I + f0, f1 - f0, act + (size_t)r * I + f0);
+        }
+    }
+#pragma omp barrier
+    linear_team(&ly->down, act, rows, scratch, x);
+#pragma omp for schedule(static)
     for (long i = 0; i < (long)rows * Hd; i++) out[i] = f32_to_bf16(h[i] + x[i]);
+}
+
+static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out,
+                          const segment_t *seg, int segs, const uint16_t *cos, const uint16_t *sin, float *ws) {
+#pragma omp parallel
+    layer_team(dm, ly, hidden, out, seg, segs, cos, sin, ws);
 }
 
 /* One sequence's segment at layer i of a call's tables. */
@@ -1065,14 +1086,15 @@ void linear_bf16(const linear_t *lin, const uint16_t *x, int rows, uint16_t *out
 }
 
 /* Layers first..first + n - 1 in a row (LayeredModel.forward and verification passes): the same
- * as n calls of layer_forward, each layer's output rounded to bf16 as there; keys, values and
- * capacity per layer. */
+ * as n calls of layer_forward, each layer's output rounded to bf16 as there, in one parallel
+ * region; keys, values and capacity per layer. */
 void layers_forward(const dims_t *dm, const layer_t *const *layers, int n, const uint16_t *hidden, uint16_t *out,
                     int rows, int start, const int *parent, uint16_t *const *keys, uint16_t *const *values,
                     const int *capacity, const uint16_t *cos, const uint16_t *sin, float *ws) {
-    for (int i = 0; i < n; i++) { /* layer_forward reads its input whole before it writes: in place is safe */
+#pragma omp parallel
+    for (int i = 0; i < n; i++) { /* a layer reads its input whole before it writes: in place is safe */
         segment_t seg = one_segment(rows, start, parent, keys, values, capacity, i);
-        layer_forward(dm, layers[i], i == 0 ? hidden : out, out, &seg, 1, cos, sin, ws);
+        layer_team(dm, layers[i], i == 0 ? hidden : out, out, &seg, 1, cos, sin, ws);
     }
 }
 
@@ -1087,13 +1109,16 @@ void layers_forward_batch(const dims_t *dm, const layer_t *const *layers, int n,
                           uint16_t *out, int segs, const int *seg_rows, const int *seg_start, uint16_t *const *keys,
                           uint16_t *const *values, const int *capacity, const uint16_t *cos, const uint16_t *sin,
                           float *ws) {
-    segment_t seg[MAX_SEGMENTS];
     if (segs > MAX_SEGMENTS) segs = MAX_SEGMENTS; /* the binding refuses more */
-    for (int i = 0; i < n; i++) {
-        for (int s = 0; s < segs; s++)
-            seg[s] = one_segment(seg_rows[s], seg_start[s], NULL, keys + (size_t)s * n, values + (size_t)s * n,
-                                 capacity + (size_t)s * n, i);
-        layer_forward(dm, layers[i], i == 0 ? hidden : out, out, seg, segs, cos, sin, ws);
+#pragma omp parallel
+    {
+        segment_t seg[MAX_SEGMENTS]; /* each thread's own copy of layer i's table */
+        for (int i = 0; i < n; i++) {
+            for (int s = 0; s < segs; s++)
+                seg[s] = one_segment(seg_rows[s], seg_start[s], NULL, keys + (size_t)s * n, values + (size_t)s * n,
+                                     capacity + (size_t)s * n, i);
+            layer_team(dm, layers[i], i == 0 ? hidden : out, out, seg, segs, cos, sin, ws);
+        }
     }
 }
 
@@ -1105,9 +1130,10 @@ void layers_project_kv(const dims_t *dm, const layer_t *const *layers, int n, co
                        const uint16_t *cos, const uint16_t *sin, float *ws) {
     int Hd = dm->hidden, nqkv = (dm->heads + 2 * dm->kv_heads) * dm->head_dim;
     float *h = ws, *x = h + (size_t)rows * Hd, *qkv = x + (size_t)rows * Hd, *scratch = qkv + (size_t)rows * nqkv;
+#pragma omp parallel
     for (int i = 0; i < n; i++) {
         segment_t seg = one_segment(rows, start, NULL, keys, values, capacity, i);
-        project_qkv(dm, layers[i], hidden, &seg, 1, cos, sin, h, x, qkv, scratch, 0);
+        project_qkv_team(dm, layers[i], hidden, &seg, 1, cos, sin, h, x, qkv, scratch, 0);
     }
 }
 
