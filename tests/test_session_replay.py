@@ -318,7 +318,7 @@ def test_several_editor_counts_get_a_row_each_and_the_table_says_how_many(tmp_pa
     first = typed_file(tmp_path, 60)
     second = tmp_path / "second.py"
     second.write_text(first.read_text().replace("v", "w"))
-    out = tmp_path / "sizes.json"
+    out = tmp_path / "runs" / "sizes.json"  # a folder that does not exist yet
     argv = ["bench-session", "--model", "smollm2-135m", "--source", str(first), str(second), "--start", "0.5",
             "--lines", "2", "--n-predict", "8", "--concurrent", "1", "2", "--out", str(out), "--json"]
     assert main(argv) == 0
@@ -328,6 +328,15 @@ def test_several_editor_counts_get_a_row_each_and_the_table_says_how_many(tmp_pa
     assert all(row["requests"] == report["pauses"] == 4 for row in report["rows"].values())
     table = render_session([(out, [])], ["row", "editors", "n"])
     assert table[-2:] == ["| dyncomplete, 1 editor | 1 | 4 |", "| dyncomplete, 2 editors | 2 | 4 |"]
+
+
+def test_an_out_path_that_cannot_be_written_is_refused_before_the_replay(tmp_path, capsys):
+    """A replay takes minutes: its --out is checked first, not when the report is written."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    argv = ["bench-session", "--model", "smollm2-135m", "--url", "http://127.0.0.1:9", "--out", str(blocker / "r.json")]
+    assert main(argv) != 0
+    assert str(blocker) in capsys.readouterr().err
 
 
 def test_several_editor_counts_against_a_running_server_are_refused(capsys):

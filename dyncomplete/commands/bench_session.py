@@ -197,6 +197,11 @@ def run(args) -> int:
     check_keystrokes(args.client, args.keystroke_ms, args.accept_ms, args.think_ms)  # --client line too
     # A terminated benchmark must still stop the servers it started (the context managers' exits).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.out:  # its folder made now: a path that cannot be written fails before the replay, not after it
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"cannot write --out {args.out} ({exc.strerror}: {exc.filename})") from exc
     sources = [Path(s) for s in args.source] if args.source else default_sources(args.files)
     report = (line_report if args.client == "line" else editor_report)(args, sources)
     report |= {"command": shlex.join(["dyncomplete", *sys.argv[1:]]), "cpu": cpu_name(),
