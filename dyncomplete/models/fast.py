@@ -246,9 +246,8 @@ class FastEngine:
         return self.lm_head(normed)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`head(final_norm(hidden)).float()`, in one call of decode.c for the rows the head's
-        kernel takes: a step's few small PyTorch operations after the layers each began with caches
-        the weights had just streamed through."""
+        """`head(final_norm(hidden)).float()`, the same values, in one call of decode.c for the rows
+        the head's kernel takes."""
         if self._native_tail(hidden) and hidden.numel() <= SHORT_QUERY * hidden.shape[-1]:
             return bindings.final_logits(self.native.dims, self.final_norm_weight, self.lm_head.native, hidden)
         return self.head(self.final_norm(hidden)).float()
