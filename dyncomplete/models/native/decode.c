@@ -686,7 +686,8 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, i
     }
     if (d == 64 && QG <= 7) { /* each value row read whole, once: 28 accumulators, the probabilities
                                  * broadcast from memory (two 32-wide passes, each reading half of every
-                                 * row, streamed values from memory at 12 GB/s on AMD Zen 4) */
+                                 * row, streamed the values from memory more slowly; the results'
+                                 * values-one-pass) */
         __m512 acc[7][4];
         PRAGMA_UNROLL
         for (int h = 0; h < QG; h++)
