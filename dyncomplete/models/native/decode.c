@@ -1183,16 +1183,22 @@ static float dot(const float *a, const float *b, int n) {
     return total;
 }
 
-/* The model's final norm of one hidden state (bf16, n features) into x: normalised in float32,
- * rounded to bf16, then times the weight rounded again (the model's order of roundings; the sum of
- * squares in order, one fused multiply-add a feature). The values of `FastEngine.final_norm`. */
-static void final_norm_row(const uint16_t *hidden, int n, const uint16_t *weight, float eps, float *x) {
+/* One hidden state (bf16, n features) as floats into x; returns 1 / its root mean square (eps
+ * added to the mean), the sum of squares in order, one fused multiply-add a feature. */
+static float inverse_rms(const uint16_t *hidden, int n, float eps, float *x) {
     float ss = 0.f;
     for (int i = 0; i < n; i++) {
         x[i] = bf16_to_f32(hidden[i]);
         ss = fmaf(x[i], x[i], ss);
     }
-    float inv = 1.f / sqrtf(ss / (float)n + eps);
+    return 1.f / sqrtf(ss / (float)n + eps);
+}
+
+/* The model's final norm of one hidden state (bf16, n features) into x: normalised in float32,
+ * rounded to bf16, then times the weight rounded again (the model's order of roundings). The
+ * values of `FastEngine.final_norm`. */
+static void final_norm_row(const uint16_t *hidden, int n, const uint16_t *weight, float eps, float *x) {
+    float inv = inverse_rms(hidden, n, eps, x);
     for (int i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(x[i] * inv)) * bf16_to_f32(weight[i])));
 }
 
@@ -1229,12 +1235,7 @@ float exit_probability(const dims_t *dm, const exit_net_t *net, const uint16_t *
     if (net->features == FEATURES_FINAL_NORM) {
         final_norm_row(hidden, n, final_norm, dm->eps, x);
     } else {
-        float ss = 0.f;
-        for (int i = 0; i < n; i++) {
-            x[i] = bf16_to_f32(hidden[i]);
-            ss = fmaf(x[i], x[i], ss);
-        }
-        float inv = 1.f / sqrtf(ss / (float)n + 1e-6f);
+        float inv = inverse_rms(hidden, n, 1e-6f, x);
         for (int i = 0; i < n; i++) x[i] *= inv;
         x[n++] = (float)e / (float)L;
     }
