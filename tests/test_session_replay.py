@@ -330,11 +330,13 @@ def test_several_editor_counts_get_a_row_each_and_the_table_says_how_many(tmp_pa
     assert table[-2:] == ["| dyncomplete, 1 editor | 1 | 4 |", "| dyncomplete, 2 editors | 2 | 4 |"]
 
 
-def test_an_out_path_that_cannot_be_written_is_refused_before_the_replay(tmp_path, capsys):
-    """A replay takes minutes: its --out is checked first, not when the report is written."""
+@pytest.mark.parametrize("command", [["bench-session", "--url", "http://127.0.0.1:9"], ["calibrate"]])
+def test_an_out_path_that_cannot_be_written_is_refused_before_the_work(tmp_path, capsys, command):
+    """A replay or a calibration takes minutes: its --out is checked first (`out_file`), not when
+    the report is written."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    argv = ["bench-session", "--model", "smollm2-135m", "--url", "http://127.0.0.1:9", "--out", str(blocker / "r.json")]
+    argv = [*command, "--model", "smollm2-135m", "--out", str(blocker / "r.json")]
     assert main(argv) != 0
     assert str(blocker) in capsys.readouterr().err
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from ..models import DEFAULT_MODEL
 
@@ -22,6 +23,18 @@ def positive(kind, zero: bool = False):
         return value
     parse.__name__ = kind.__name__
     return parse
+
+
+def out_file(path: str | None) -> Path | None:
+    """An `--out` file with its folder made now: a path that cannot be written fails before the
+    minutes of work whose report goes there, not after them."""
+    if not path:
+        return None
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot write --out {path} ({exc.strerror}: {exc.filename})") from exc
+    return Path(path)
 
 
 def add_model_options(parser, default: str = DEFAULT_MODEL) -> None:

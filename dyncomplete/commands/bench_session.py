@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
-from ._common import EDITOR_METHOD, add_model_options, positive
+from ._common import EDITOR_METHOD, add_model_options, out_file, positive
 
 SERVERS = ("dyncomplete", "llama-server")
 # bench.session's CLIENTS and PATTERNS, named here so that registering the command imports nothing heavy
@@ -197,17 +197,13 @@ def run(args) -> int:
     check_keystrokes(args.client, args.keystroke_ms, args.accept_ms, args.think_ms)  # --client line too
     # A terminated benchmark must still stop the servers it started (the context managers' exits).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if args.out:  # its folder made now: a path that cannot be written fails before the replay, not after it
-        try:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ValueError(f"cannot write --out {args.out} ({exc.strerror}: {exc.filename})") from exc
+    out = out_file(args.out)
     sources = [Path(s) for s in args.source] if args.source else default_sources(args.files)
     report = (line_report if args.client == "line" else editor_report)(args, sources)
     report |= {"command": shlex.join(["dyncomplete", *sys.argv[1:]]), "cpu": cpu_name(),
                "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
+    if out:
+        out.write_text(json.dumps(report, indent=2))
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from ..exits.policies import POLICIES, ExitPolicy, make_policy, policy_class
 from ..exits.shortlist import DEFAULT_SIZE
-from ._common import add_model_options, load_from_args
+from ._common import add_model_options, load_from_args, out_file
 
 
 def run(args) -> int:
@@ -19,6 +18,7 @@ def run(args) -> int:
     from ..training.calibrate import calibrate, calibrate_checks, layer_signals
     from ..training.collect import cached_collect
 
+    out = out_file(args.out)
     model = load_from_args(args)
     heads = load_heads(model, args.heads)
     if args.lens:
@@ -45,8 +45,8 @@ def run(args) -> int:
     agreement = {e: round(float(a), 4) for e, a in zip(heads.layers, signals.agree.float().mean(1))}
     record = {"model": model.name, "heads": heads.kind, "tokens": len(data), "per_layer_agreement": agreement,
               "policies": results}
-    if args.out:
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    if out:
+        out.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({"per_layer_agreement": agreement}))
     return 0
 
