@@ -42,7 +42,7 @@ def lite_loss(model, ids: torch.Tensor, weights: dict[int, float], start: int = 
     for i in range(model.num_layers):
         h = model.run_layer(i, h, ctx, None)
         if i + 1 in weights:
-            logits = model.head(model.final_norm(h[0, start - 1 : -1])).float()
+            logits = model.logits(h[0, start - 1 : -1])
             loss = loss + weights[i + 1] * torch.nn.functional.cross_entropy(logits, target)
     return loss
 
