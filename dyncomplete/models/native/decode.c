@@ -205,14 +205,20 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
     const int in_place = BITS == 4 && NR <= 2;
     const __m512i nibble = _mm512_set1_epi8(15), high = _mm512_set1_epi8((char)0xf0);
     for (int g = 0; g < groups; g++) {
-        /* four rows or more: the records 8 groups ahead, so that memory streams them while the
-         * rows compute (without it the two took turns: 8 rows cost 1.9 one-row passes, 1.6 with
-         * it, on AMD Zen 4); fewer rows keep up with memory, and there it only slowed them */
+        /* The records ahead, so that memory streams them while the rows compute. Four rows or
+         * more: 8 groups ahead into L1 (without it the two took turns: 8 rows cost 1.9 one-row
+         * passes, 1.6 with it, on AMD Zen 4). Fewer rows: 4 groups ahead into L2 only, which
+         * kept more of the weights in flight (docs/results/l2-prefetch); into L1 it slowed them. */
         if (NR >= 4)
             PRAGMA_UNROLL
             for (int c = 0; c < NB; c++)
                 for (int k = 0; k < RECORD_BYTES(BITS) / 64; k++)
                     _mm_prefetch((const char *)block_levels(lin, b0 + c, g + 8, BITS) + 64 * k, _MM_HINT_T0);
+        else
+            PRAGMA_UNROLL
+            for (int c = 0; c < NB; c++)
+                for (int k = 0; k < RECORD_BYTES(BITS) / 64; k++)
+                    _mm_prefetch((const char *)block_levels(lin, b0 + c, g + 4, BITS) + 64 * k, _MM_HINT_T2);
         __m512i lo_sum[4][8], hi_sum[4][8]; /* exact: the order of integer additions is free */
         PRAGMA_UNROLL
         for (int c = 0; c < NB; c++)
