@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dyncomplete.bench.speed import main
+from dyncomplete.bench.speed import combine_rounds, main
 
 
 @pytest.mark.model
@@ -25,10 +25,28 @@ def test_reference_llama_bench_runs_the_same_shape_on_the_gguf_and_gives_ratios(
     except FileNotFoundError as e:
         pytest.skip(str(e))
     argv = ["--model", "smollm2-135m", "--runs", "1", "--prompt-tokens", "64", "--new-tokens", "8",
-            "--reference", "llama-bench"]
+            "--reference", "llama-bench", "--rounds", "2"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     ref = out["llama_bench"]
     assert ref["gguf"] == "smollm2-135m.gguf" and ref["prefill_tok_s"] > 0 and ref["decode_tok_s"] > 0
-    assert ref["decode_x"] == round(out["decode_tok_s"] / ref["decode_tok_s"], 2)
-    assert ref["prefill_x"] == round(out["prefill_tok_s"] / ref["prefill_tok_s"], 2)
+    assert ref["rounds"] == 2 and len(out["rounds"]) == 2
+    for key in ("decode", "prefill"):  # each round's ratio, then their median
+        ratios = [r[f"{key}_tok_s"] / r["llama_bench"][f"{key}_tok_s"] for r in out["rounds"]]
+        assert ref[f"{key}_x"] == round(sum(ratios) / 2, 2)
+        assert out[f"{key}_tok_s"] == round(sum(r[f"{key}_tok_s"] for r in out["rounds"]) / 2, 1)
+
+
+def test_one_pair_of_runs_gives_its_own_ratio():
+    ours = {"decode_tok_s": 90.0, "prefill_tok_s": 700.0, "bandwidth_gb_s": 27.0, "decode_ms_all": [11.1]}
+    reference = {"gguf": "m.gguf", "decode_tok_s": 45.0, "prefill_tok_s": 280.0}
+    out = combine_rounds([(ours, reference)])
+    assert out["llama_bench"] == {"gguf": "m.gguf", "prefill_tok_s": 280.0, "decode_tok_s": 45.0, "rounds": 1,
+                                  "prefill_x": 2.5, "decode_x": 2.0}
+    assert "rounds" not in out and out["decode_tok_s"] == 90.0
+
+
+def test_rounds_without_a_reference_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--rounds", "3"])
+    assert "--rounds" in capsys.readouterr().err

@@ -12,6 +12,9 @@ virtual machine's bandwidth moves within minutes, so a figure cached from anothe
 `--reference llama-bench` runs llama.cpp's own benchmark (built by install-reference.sh) on the
 model's GGUF file after ours, with the same threads: a prefill of as many tokens and as many
 generated tokens after that many in the cache (`-d`), and prints our figures over its.
+`--rounds K` runs the two in turn K times (which goes first alternates) and gives the median of
+the K ratios: a virtual machine's speed drifts within minutes, and a ratio from one pair of runs
+moves with it.
 """
 
 from __future__ import annotations
@@ -101,6 +104,28 @@ def llama_bench(model: str, threads: int, prompt_tokens: int, new_tokens: int, r
     return out
 
 
+def combine_rounds(rounds: list[tuple[dict, dict | None]]) -> dict:
+    """One result from rounds of (`measure`, `llama_bench` or None): our figures the medians over
+    the rounds, each ratio to llama-bench the median of the rounds' ratios (with every round's
+    figures under `rounds` where there were several)."""
+    result = dict(rounds[0][0])
+    if len(rounds) > 1:
+        for key in ("decode_tok_s", "prefill_tok_s", "bandwidth_gb_s"):
+            result[key] = round(statistics.median(ours[key] for ours, _ in rounds), 2 if key == "bandwidth_gb_s" else 1)
+        result["decode_ms_per_token"] = round(1000 / result["decode_tok_s"], 2)
+        result["decode_ms_all"] = [ms for ours, _ in rounds for ms in ours["decode_ms_all"]]
+        result["rounds"] = [{"decode_tok_s": ours["decode_tok_s"], "prefill_tok_s": ours["prefill_tok_s"],
+                             "llama_bench": ref} for ours, ref in rounds]
+    if rounds[0][1] is not None:
+        ratios = {f"{key.removesuffix('_tok_s')}_x": statistics.median(ours[key] / ref[key] for ours, ref in rounds)
+                  for key in ("prefill_tok_s", "decode_tok_s")}
+        medians = {key: round(statistics.median(ref[key] for _, ref in rounds), 1)
+                   for key in ("prefill_tok_s", "decode_tok_s")}
+        result["llama_bench"] = {"gguf": rounds[0][1]["gguf"], **medians, "rounds": len(rounds),
+                                 **{key: round(x, 2) for key, x in ratios.items()}}
+    return result
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -115,9 +140,13 @@ def main(argv=None) -> int:
     p.add_argument("--bandwidth", action="store_true", help="also report the share of copy and of read bandwidth reached")
     p.add_argument("--reference", choices=["llama-bench"], default=None,
                    help="also run llama.cpp's llama-bench on the model's GGUF file and give our speed over its")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --reference: ours and llama-bench in turn this many times, the median ratio")
     p.add_argument("--verify-rows", default=None, metavar="K,K,...",
                    help="instead of decoding, time passes over K positions (verification) against one")
     args = p.parse_args(argv)
+    if args.rounds < 1 or (args.rounds > 1 and not args.reference):
+        p.error("--rounds takes a count of 1 or more, and more than 1 only with --reference")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     model = load(args.model, dtype=args.dtype, device=args.device, quant=args.quant, engine=args.engine,
@@ -129,18 +158,22 @@ def main(argv=None) -> int:
                   **verify_passes(model, rows, args.prompt_tokens, args.runs)}
         print(json.dumps(result))
         return 0
-    result = measure(model, args.prompt_tokens, args.new_tokens, args.runs)
+    rounds = []
+    for k in range(args.rounds):
+        reference_first = args.reference and k % 2 == 1
+        reference = llama_bench(args.model, args.threads, args.prompt_tokens, args.new_tokens, args.runs) \
+            if reference_first else None
+        ours = measure(model, args.prompt_tokens, args.new_tokens, args.runs)
+        if args.reference and not reference_first:
+            reference = llama_bench(args.model, args.threads, args.prompt_tokens, args.new_tokens, args.runs)
+        rounds.append((ours, reference))
+    result = combine_rounds(rounds)
     result["load_s"] = round(load_s, 2)
     if args.bandwidth:
         result["copy_gb_s"] = round(measure_copy_bandwidth(), 2)
         result["read_gb_s"] = round(measure_read_bandwidth(), 2)
         result["bandwidth_share"] = round(result["bandwidth_gb_s"] / result["copy_gb_s"], 3)
         result["read_share"] = round(result["bandwidth_gb_s"] / result["read_gb_s"], 3)
-    if args.reference:
-        reference = llama_bench(args.model, args.threads, args.prompt_tokens, args.new_tokens, args.runs)
-        result["llama_bench"] = reference | {
-            f"{key.removesuffix('_tok_s')}_x": round(result[key] / reference[key], 2)
-            for key in ("prefill_tok_s", "decode_tok_s")}
     result["tokens"] = result["tokens"][:16]
     result |= {"model": args.model, "command": shlex.join(["python", "-m", "dyncomplete.bench.speed", *sys.argv[1:]]),
                "cpu": cpu_name(), "cpu_bf16": cpu_has_bf16(),
