@@ -208,7 +208,8 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
         /* The records ahead, so that memory streams them while the rows compute. Four rows or
          * more: 8 groups ahead into L1 (without it the two took turns: 8 rows cost 1.9 one-row
          * passes, 1.6 with it, on AMD Zen 4). Fewer rows: 4 groups ahead into L2 only, which
-         * kept more of the weights in flight (docs/results/l2-prefetch); into L1 it slowed them. */
+         * kept more of the weights in flight (docs/results/l2-prefetch); into L1 it slowed them.
+         * Past a block's last group, the next tile's blocks (NB on), which such a tile reads next. */
         if (NR >= 4)
             PRAGMA_UNROLL
             for (int c = 0; c < NB; c++)
@@ -216,9 +217,12 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
                     _mm_prefetch((const char *)block_levels(lin, b0 + c, g + 8, BITS) + 64 * k, _MM_HINT_T0);
         else
             PRAGMA_UNROLL
-            for (int c = 0; c < NB; c++)
+            for (int c = 0; c < NB; c++) {
+                const uint8_t *ahead = g + 4 < groups ? block_levels(lin, b0 + c, g + 4, BITS)
+                                                      : block_levels(lin, b0 + c + NB, g + 4 - groups, BITS);
                 for (int k = 0; k < RECORD_BYTES(BITS) / 64; k++)
-                    _mm_prefetch((const char *)block_levels(lin, b0 + c, g + 4, BITS) + 64 * k, _MM_HINT_T2);
+                    _mm_prefetch((const char *)ahead + 64 * k, _MM_HINT_T2);
+            }
         __m512i lo_sum[4][8], hi_sum[4][8]; /* exact: the order of integer additions is free */
         PRAGMA_UNROLL
         for (int c = 0; c < NB; c++)
