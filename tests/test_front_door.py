@@ -65,6 +65,19 @@ def test_speed_rows_name_the_build_their_label_gives(tmp_path):
     assert "| before | 50.0 | 2.00x |" in text and "| after | 60.0 | 2.00x |" in text
 
 
+def test_speed_rows_of_several_rounds_show_their_count_and_the_rounds_range(tmp_path):
+    rounds = [{"decode_tok_s": 90.0, "llama_bench": {"decode_tok_s": 50.0}},
+              {"decode_tok_s": 80.0, "llama_bench": {"decode_tok_s": 40.0}}]
+    run = {"model": "m", "decode_tok_s": 85.0, "command": "python -m dyncomplete.bench.speed", "cpu": "cpu",
+           "threads": 2, "date": "d", "llama_bench": {"decode_tok_s": 45.0, "decode_x": 1.9, "rounds": 2},
+           "rounds": rounds}
+    (tmp_path / "a.json").write_text(json.dumps(run))
+    page = tmp_path / "page.md"
+    page.write_text("<!-- table speed a.json columns=model,decode_x,rounds,decode_x_range -->\n<!-- end table -->\n")
+    render_file(page)
+    assert "| m | 1.90x | 2 | 1.80-2.00x |" in page.read_text()
+
+
 def test_a_table_without_its_end_is_refused_and_the_page_kept(tmp_path):
     page = tmp_path / "page.md"
     text = ("<!-- table bench results/r1 -->\nkept text\n## A heading\n"

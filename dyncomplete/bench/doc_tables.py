@@ -37,6 +37,14 @@ def _ratio(v):
     return f"{v:.2f}x"
 
 
+def _round_ratios(run: dict) -> str | None:
+    """The lowest and highest of a `bench.speed --rounds K` run's decode ratios to llama-bench."""
+    if "rounds" not in run:
+        return None
+    ratios = [r["decode_tok_s"] / r["llama_bench"]["decode_tok_s"] for r in run["rounds"]]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}x"
+
+
 def _signed_pct(v):
     return f"{100 * v:+.1f}%"
 
@@ -166,12 +174,15 @@ SPEED_COLUMNS = {  # one `python -m dyncomplete.bench.speed --reference llama-be
     "read": Column("share of read bandwidth", "read_share", _pct),
     "llama_decode": Column("llama-bench decode tok/s", lambda r: r["llama_bench"]["decode_tok_s"], _fixed(1)),
     "decode_x": Column("decode vs llama-bench", lambda r: r["llama_bench"]["decode_x"], _ratio),
+    "rounds": Column("rounds", lambda r: r["llama_bench"].get("rounds", 1), str),
+    "decode_x_range": Column("decode vs llama-bench, range of the rounds", _round_ratios, str),
     "prefill": Column("prefill tok/s", "prefill_tok_s", _fixed(0)),
     "llama_prefill": Column("llama-bench prefill tok/s", lambda r: r["llama_bench"]["prefill_tok_s"], _fixed(0)),
     "prefill_x": Column("prefill vs llama-bench", lambda r: r["llama_bench"]["prefill_x"], _ratio),
     "load": Column("load s", "load_s", _fixed(1)),
 }
-SPEED_DEFAULT = tuple(c for c in SPEED_COLUMNS if c not in ("build", "dtype", "cpu_bf16", "read"))
+SPEED_DEFAULT = tuple(c for c in SPEED_COLUMNS if c not in ("build", "dtype", "cpu_bf16", "read", "rounds",
+                                                             "decode_x_range"))
 
 
 def _cell(column: Column, row: dict) -> str:
