@@ -58,10 +58,12 @@ def same_bits_alone_and_in_a_pass(model, ids, k=8) -> list[bool]:
 
 def products_here_and_on_a_later_thread(between) -> tuple[float, float]:
     """Seconds of an int4 product (Qwen 0.5B's gate-up width) on this thread, before and after the
-    rest, and, after `between()` ran here, on a thread started after it: the server loads and sets
+    rest, and, after `between()` ran here, on threads started after it: the server loads and sets
     up in one thread and decodes in another, and an OpenMP pool left alive here slows every call
-    of the other one. The fastest of many short rounds on each side, since a busy machine only
-    adds time, and this thread's rounds on both sides of the other's, since its speed drifts."""
+    of every other one. The fastest of many short rounds on each side, since a busy machine only
+    adds time; three later threads, each followed by rounds here, since one thread's rounds fit
+    in a fraction of a second that a neighbour's burst can cover (a pool left alive slows all
+    three)."""
     lin = Linear(torch.randn(4864, 896, dtype=torch.bfloat16), None, "int4")
     x = torch.randn(1, 896, dtype=torch.bfloat16)
 
@@ -75,10 +77,11 @@ def products_here_and_on_a_later_thread(between) -> tuple[float, float]:
     here, there = [], []
     per_call(here)
     between()
-    later = threading.Thread(target=per_call, args=(there,))
-    later.start()
-    later.join()
-    per_call(here)
+    for _ in range(3):
+        later = threading.Thread(target=per_call, args=(there,))
+        later.start()
+        later.join()
+        per_call(here)
     native.release_thread_pool()  # the last rounds brought this thread's pool back; the tests' `between` had freed it
     return min(here), min(there)
 

@@ -158,15 +158,21 @@ def main(argv=None) -> int:
                   **verify_passes(model, rows, args.prompt_tokens, args.runs)}
         print(json.dumps(result))
         return 0
+    def ours():
+        return measure(model, args.prompt_tokens, args.new_tokens, args.runs)
+
+    def reference():
+        if args.reference:
+            return llama_bench(args.model, args.threads, args.prompt_tokens, args.new_tokens, args.runs)
+        return None
+
     rounds = []
     for k in range(args.rounds):
-        reference_first = args.reference and k % 2 == 1
-        reference = llama_bench(args.model, args.threads, args.prompt_tokens, args.new_tokens, args.runs) \
-            if reference_first else None
-        ours = measure(model, args.prompt_tokens, args.new_tokens, args.runs)
-        if args.reference and not reference_first:
-            reference = llama_bench(args.model, args.threads, args.prompt_tokens, args.new_tokens, args.runs)
-        rounds.append((ours, reference))
+        if k % 2:  # llama-bench first every other round, so that a drift weighs on both alike
+            theirs = reference()
+            rounds.append((ours(), theirs))
+        else:
+            rounds.append((ours(), reference()))
     result = combine_rounds(rounds)
     result["load_s"] = round(load_s, 2)
     if args.bandwidth:
