@@ -542,12 +542,26 @@ static inline __attribute__((always_inline)) void block_products(const linear_t 
  * end with the team in step (a barrier): a layer is one region, not one per product, attention
  * and row-wise step (each fork and join of the threads cost more than a barrier). */
 
-/* out (rows, lin->out) = x (rows, lin->in) W^T + bias, float32; scratch: rows * INPUT_SCRATCH(in). */
-static void linear_team(const linear_t *lin, const float *x, int rows, float *scratch, float *out) {
-    int groups = lin->in / GROUP, blocks = (lin->out + BLOCK - 1) / BLOCK;
-    qinput_t qi = input_layout(rows, lin->in, scratch);
+/* x (rows, in) quantized into scratch (rows * INPUT_SCRATCH(in) floats), the groups split between the threads. */
+static qinput_t quantize_team(const float *x, int rows, int in, float *scratch) {
+    int groups = in / GROUP;
+    qinput_t qi = input_layout(rows, in, scratch);
 #pragma omp for schedule(static)
-    for (int i = 0; i < rows * groups; i++) quantize_group(x, i / groups, i % groups, lin->in, qi);
+    for (int i = 0; i < rows * groups; i++) quantize_group(x, i / groups, i % groups, in, qi);
+    return qi;
+}
+
+/* The same, every group on the calling thread alone (its own scratch), no barrier. */
+static qinput_t quantize_alone(const float *x, int rows, int in, float *scratch) {
+    int groups = in / GROUP;
+    qinput_t qi = input_layout(rows, in, scratch);
+    for (int i = 0; i < rows * groups; i++) quantize_group(x, i / groups, i % groups, in, qi);
+    return qi;
+}
+
+/* out (rows, lin->out) = the quantized input qi times W^T + bias, float32. */
+static void products_team(const linear_t *lin, qinput_t qi, int rows, float *out) {
+    int blocks = (lin->out + BLOCK - 1) / BLOCK;
     /* each thread an equal share of the blocks (whole units left threads up to a unit apart:
      * SmolLM2's 36-block products ran 5 units against 4), their bias added where they were summed */
     int t = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -561,6 +575,11 @@ static void linear_team(const linear_t *lin, const float *x, int rows, float *sc
         for (int r = 0; r < rows; r++)
             for (int n = b0 * BLOCK; n < n1; n++) out[(size_t)r * lin->out + n] += bf16_to_f32(lin->bias[n]);
 #pragma omp barrier
+}
+
+/* out (rows, lin->out) = x (rows, lin->in) W^T + bias, float32; scratch: rows * INPUT_SCRATCH(in). */
+static void linear_team(const linear_t *lin, const float *x, int rows, float *scratch, float *out) {
+    products_team(lin, quantize_team(x, rows, lin->in, scratch), rows, out);
 }
 
 static void linear_f32(const linear_t *lin, const float *x, int rows, float *scratch, float *out) {
@@ -927,49 +946,72 @@ static void swiglu(const float *gate, const float *up, int n, float *out) {
 
 /* Attention of rows in cache slots start, start + 1, ...: each row sees the slots before start
  * and, among the step's rows, itself and its ancestors; parent[r] is row r's parent row (-1: none,
- * the first row) or parent == NULL for a chain (row r - 1). q (rows, heads, d) float32. */
-static void attention_team(const dims_t *dm, const float *q, int rows, int start, const int *parent,
+ * the first row) or parent == NULL for a chain (row r - 1). q: row r's heads (heads, d) float32 at
+ * q + r * q_stride. */
+static void attention_team(const dims_t *dm, const float *q, long q_stride, int rows, int start, const int *parent,
                            const uint16_t *keys, const uint16_t *values, int capacity, float *out) {
-    int H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, G = dm->heads / dm->kv_heads;
-    /* Tasks: a row's heads that read one kv head, split in `parts` so that the threads get equal
-     * shares where they can (SmolLM2, 3 kv heads, one row: 6 tasks of 1-2 heads for 2 threads),
-     * ordered kv head first: a thread's rows then read the same keys and values, all but the first
-     * from its own caches (ordered row first, every thread read every kv head from memory, and a
+    int H = dm->heads, d = dm->head_dim, G = dm->heads / dm->kv_heads;
+    /* Each thread an equal share of the (kv head, row, head) triples in that order, a run of
+     * heads that share a kv head and a row in one pass: a kv head's keys and values are read by
+     * one thread, or two where a share ends inside it (SmolLM2, 3 kv heads of 3 heads, one row:
+     * 4 and 5 heads), and a thread's rows read the same keys and values, all but the first from
+     * its own caches (ordered row first, every thread read every kv head from memory, and a
      * verification pass over a long cache cost a one-token step's attention again per row). */
-    int parts = 1, threads = omp_get_num_threads();
-    while ((rows * KV * parts) % threads && parts < G) parts++;
+    int t = omp_get_thread_num(), threads = omp_get_num_threads(), items = rows * H;
+    int i0 = (int)((long)items * t / threads), i1 = (int)((long)items * (t + 1) / threads);
     float *scores = malloc(sizeof(float) * (size_t)(G < 8 ? G : 8) * (start + rows));
     int *tail = malloc(sizeof(int) * (size_t)rows);
-#pragma omp for schedule(static)
-    for (int task = 0; task < rows * KV * parts; task++) {
-        int kv = task / (rows * parts), r = task / parts % rows, part = task % parts;
-        int h0 = kv * G + part * G / parts, h1 = kv * G + (part + 1) * G / parts; /* heads h0..h1 - 1 */
+    for (int i = i0; i < i1;) {
+        int kv = i / (rows * G), r = i / G % rows, g = i % G, n = G - g < i1 - i ? G - g : i1 - i;
         /* a chain's row r sees the contiguous slots 0..start + r: all of them the prefix, so that
          * a prompt's chunk scores its own keys in whole vectors (a key's score has the same bits
          * in a vector or in the tail) */
         int ntail = 0, prefix = parent ? start : start + r + 1;
         if (parent) {
             for (int a = r; a >= 0; a = parent[a]) tail[ntail++] = a; /* r, its parent, ... */
-            for (int i = 0; i < ntail / 2; i++) { /* oldest first */
-                int t = tail[i];
-                tail[i] = tail[ntail - 1 - i], tail[ntail - 1 - i] = t;
+            for (int j = 0; j < ntail / 2; j++) { /* oldest first */
+                int swap = tail[j];
+                tail[j] = tail[ntail - 1 - j], tail[ntail - 1 - j] = swap;
             }
-            for (int i = 0; i < ntail; i++) tail[i] += start;
+            for (int j = 0; j < ntail; j++) tail[j] += start;
         }
-        attend(q + ((size_t)r * H + h0) * d, h1 - h0, keys + (size_t)kv * d * capacity,
+        int h0 = kv * G + g;
+        attend(q + (size_t)r * q_stride + (size_t)h0 * d, n, keys + (size_t)kv * d * capacity,
                values + (size_t)kv * capacity * d, prefix, tail, ntail, d, capacity, dm->scale, scores,
                out + ((size_t)r * H + h0) * d);
+        i += n;
     }
     free(tail);
     free(scores);
+#pragma omp barrier
+}
+
+/* Rows up to FEW_ROWS (decode steps, short verification passes, small batches) take a layer's
+ * row-wise steps on every thread at once, each thread in a copy of its own: the residual stream,
+ * the normed inputs and the quantized inputs of the products that read them. The threads then
+ * meet only where one needs what another computed (7 barriers a layer, not 15), and the residual
+ * stream goes from layer to layer in each thread's copy. More rows split those steps between the
+ * threads. Either way each value is the same chain of operations: the same bits. */
+#define FEW_ROWS 8
+#define MAX_TEAM 16 /* threads with a copy of their own; a larger team splits the row-wise steps */
+
+/* Floats of the scratch the threads share for `rows` rows. */
+static long shared_floats(const dims_t *dm, int rows) {
+    long qkv = (long)(dm->heads + 2 * dm->kv_heads) * dm->head_dim;
+    long hd = (long)dm->heads * dm->head_dim, widest = dm->intermediate > dm->hidden ? dm->intermediate : dm->hidden;
+    widest = widest > hd ? widest : hd;
+    return rows * (3L * dm->hidden + qkv + hd + 3L * dm->intermediate + INPUT_SCRATCH(widest));
+}
+
+/* Floats of one thread's copy for `rows` (<= FEW_ROWS) rows: residual, normed input, quantized input. */
+static long own_floats(const dims_t *dm, int rows) {
+    long hd = (long)dm->heads * dm->head_dim, widest = dm->hidden > hd ? dm->hidden : hd;
+    return rows * (2L * dm->hidden + INPUT_SCRATCH(widest));
 }
 
 /* Floats of scratch `layer_forward` needs for `rows` rows. */
 long workspace_floats(const dims_t *dm, int rows) {
-    long qkv = (long)(dm->heads + 2 * dm->kv_heads) * dm->head_dim;
-    long hd = (long)dm->heads * dm->head_dim, widest = dm->intermediate > dm->hidden ? dm->intermediate : dm->hidden;
-    widest = widest > hd ? widest : hd;
-    return rows * (2L * dm->hidden + qkv + 2 * hd + 3L * dm->intermediate + INPUT_SCRATCH(widest));
+    return shared_floats(dm, rows) + MAX_TEAM * own_floats(dm, rows < FEW_ROWS ? rows : FEW_ROWS);
 }
 
 /* One sequence's rows in a layer call: `rows` new tokens in cache slots start, start + 1, ... of
@@ -994,6 +1036,29 @@ static linear_t feature_range(const linear_t *lin, int first, int count) {
     return part;
 }
 
+/* Rotary embedding of the queries and keys in qkv (rows, width), then each segment's keys and
+ * values written in its cache slots; a task a (row, head), split between the threads. skip: the
+ * leading query features qkv lacks (see project_qkv_team). */
+static void rope_store_team(const dims_t *dm, const segment_t *seg, int rows, const uint16_t *cos,
+                            const uint16_t *sin, float *qkv, int skip) {
+    int H = dm->heads, KV = dm->kv_heads, d = dm->head_dim;
+    int width = (H + 2 * KV) * d - skip, key0 = H * d - skip, first = skip ? H : 0, heads = H + KV - first;
+#pragma omp for schedule(static)
+    for (int task = 0; task < rows * heads; task++) {
+        int r = task / heads, k = first + task % heads;
+        float *row = qkv + (size_t)r * width;
+        rope(row + k * d - skip, d, cos + (size_t)r * d, sin + (size_t)r * d);
+        if (k < H) continue;
+        int s = 0, i = r; /* row r is row i of segment s */
+        while (i >= seg[s].rows) i -= seg[s++].rows;
+        int kv = k - H, pos = seg[s].start + i, cap = seg[s].capacity;
+        for (int j = 0; j < d; j++) {
+            seg[s].keys[((size_t)kv * d + j) * cap + pos] = f32_to_bf16(row[key0 + kv * d + j]);
+            seg[s].values[((size_t)kv * cap + pos) * d + j] = f32_to_bf16(row[key0 + (KV + kv) * d + j]);
+        }
+    }
+}
+
 /* The first half of a layer: hidden (rows, hidden) bf16 -> h (its float copy), the input norm,
  * queries, keys and values with rotary embedding in qkv (rows, (H + 2 KV) d); each segment's
  * keys and values written in its cache slots. cos/sin: the rows' rotary rows (rows, head_dim).
@@ -1004,7 +1069,7 @@ static void project_qkv_team(const dims_t *dm, const layer_t *ly, const uint16_t
                              float *scratch, int queries) {
     int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim;
     int skip = !queries && (H * d) % BLOCK == 0 ? H * d : 0; /* leading features not computed */
-    int width = (H + 2 * KV) * d - skip, key0 = H * d - skip, rows = 0;
+    int width = (H + 2 * KV) * d - skip, rows = 0;
     for (int s = 0; s < segs; s++) rows += seg[s].rows;
 #pragma omp for schedule(static)
     for (int r = 0; r < rows; r++) {
@@ -1013,68 +1078,95 @@ static void project_qkv_team(const dims_t *dm, const layer_t *ly, const uint16_t
     }
     linear_t product = skip ? feature_range(&ly->qkv, skip, width) : ly->qkv;
     linear_team(&product, x, rows, scratch, qkv);
-#pragma omp for schedule(static)
-    for (int r = 0; r < rows; r++) {
-        int s = 0, i = r; /* row r is row i of segment s */
-        while (i >= seg[s].rows) i -= seg[s++].rows;
-        float *row = qkv + (size_t)r * width;
-        for (int k = skip ? H : 0; k < H + KV; k++) rope(row + k * d - skip, d, cos + (size_t)r * d, sin + (size_t)r * d);
-        int pos = seg[s].start + i, cap = seg[s].capacity;
-        for (int k = 0; k < KV; k++)
-            for (int j = 0; j < d; j++) {
-                seg[s].keys[((size_t)k * d + j) * cap + pos] = f32_to_bf16(row[key0 + k * d + j]);
-                seg[s].values[((size_t)k * cap + pos) * d + j] = f32_to_bf16(row[key0 + (KV + k) * d + j]);
-            }
-    }
+    rope_store_team(dm, seg, rows, cos, sin, qkv, skip);
 }
 
 /* One decoder layer for the segments' rows, in order: hidden (rows, hidden) bf16 in, out (rows,
  * hidden) bf16 (in place is safe); cos/sin: the rotary rows of the tokens' positions (rows,
  * head_dim) bf16 (a chain's are start, start + 1, ...; a tree's, start + depth). The products run
- * on every row at once; attention reads each segment's own cache. */
+ * on every row at once; attention reads each segment's own cache. carried: this thread ran the
+ * layer before in this parallel region, for the same rows (with FEW_ROWS rows or fewer, its copy
+ * of the residual stream then holds this layer's input, and hidden is not read). */
 static void layer_team(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out,
-                       const segment_t *seg, int segs, const uint16_t *cos, const uint16_t *sin, float *ws) {
+                       const segment_t *seg, int segs, const uint16_t *cos, const uint16_t *sin, float *ws,
+                       int carried) {
     int Hd = dm->hidden, H = dm->heads, KV = dm->kv_heads, d = dm->head_dim, I = dm->intermediate;
-    int nqkv = (H + 2 * KV) * d, rows = 0;
+    int nqkv = (H + 2 * KV) * d, rows = 0, t = omp_get_thread_num(), threads = omp_get_num_threads();
     for (int s = 0; s < segs; s++) rows += seg[s].rows;
-    float *h = ws, *x = h + (size_t)rows * Hd, *qkv = x + (size_t)rows * Hd, *att = qkv + (size_t)rows * nqkv;
-    float *q = att + (size_t)rows * H * d, *gu = q + (size_t)rows * H * d, *act = gu + (size_t)rows * 2 * I;
+    float *h = ws, *x = h + (size_t)rows * Hd, *y = x + (size_t)rows * Hd, *qkv = y + (size_t)rows * Hd;
+    float *att = qkv + (size_t)rows * nqkv, *gu = att + (size_t)rows * H * d, *act = gu + (size_t)rows * 2 * I;
     float *scratch = act + (size_t)rows * I;
-
-    project_qkv_team(dm, ly, hidden, seg, segs, cos, sin, h, x, qkv, scratch, 1);
-    /* queries packed (rows, H, d) for attention */
-#pragma omp for schedule(static)
-    for (int r = 0; r < rows; r++) memcpy(q + (size_t)r * H * d, qkv + (size_t)r * nqkv, sizeof(float) * H * d);
-    for (int s = 0, r = 0; s < segs; r += seg[s].rows, s++)
-        attention_team(dm, q + (size_t)r * H * d, seg[s].rows, seg[s].start, seg[s].parent, seg[s].keys,
-                       seg[s].values, seg[s].capacity, att + (size_t)r * H * d);
-    linear_team(&ly->o, att, rows, scratch, x);
-    /* the row-wise steps between products, a row a thread */
-#pragma omp for schedule(static)
-    for (int r = 0; r < rows; r++) {
-        for (long i = (long)r * Hd; i < (long)(r + 1) * Hd; i++) h[i] += x[i];
-        rms_norm(h + (size_t)r * Hd, 1, Hd, ly->post_norm, dm->eps, x + (size_t)r * Hd);
+    int own = rows <= FEW_ROWS && threads <= MAX_TEAM;
+    float *mine = NULL; /* this thread's quantized inputs */
+    if (own) {
+        h = ws + shared_floats(dm, rows) + t * own_floats(dm, rows);
+        x = h + (size_t)rows * Hd, mine = x + (size_t)rows * Hd;
     }
-    linear_team(&ly->gate_up, x, rows, scratch, gu);
-    { /* SwiGLU, each thread its slice of every row's features, cut at multiples of 16: a feature
-       * takes the vector or the scalar path as it does over the whole row */
-        int t = omp_get_thread_num(), threads = omp_get_num_threads(), chunks = (I + 15) / 16;
-        int f0 = chunks * t / threads * 16, f1 = chunks * (t + 1) / threads * 16 < I ? chunks * (t + 1) / threads * 16 : I;
+    /* the input norm and the queries, keys and values */
+    qinput_t qi;
+    if (own) {
+        if (!carried)
+            for (long i = 0; i < (long)rows * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
+        rms_norm(h, rows, Hd, ly->in_norm, dm->eps, x);
+        qi = quantize_alone(x, rows, Hd, mine);
+    } else {
+#pragma omp for schedule(static)
         for (int r = 0; r < rows; r++) {
-            float *gate = gu + (size_t)r * 2 * I;
-            swiglu(gate + f0, gate + I + f0, f1 - f0, act + (size_t)r * I + f0);
+            for (long i = (long)r * Hd; i < (long)(r + 1) * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
+            rms_norm(h + (size_t)r * Hd, 1, Hd, ly->in_norm, dm->eps, x + (size_t)r * Hd);
         }
+        qi = quantize_team(x, rows, Hd, scratch);
     }
-#pragma omp barrier
-    linear_team(&ly->down, act, rows, scratch, x);
+    products_team(&ly->qkv, qi, rows, qkv);
+    rope_store_team(dm, seg, rows, cos, sin, qkv, 0);
+    /* attention, the queries read in place in qkv */
+    for (int s = 0, r = 0; s < segs; r += seg[s].rows, s++)
+        attention_team(dm, qkv + (size_t)r * nqkv, nqkv, seg[s].rows, seg[s].start, seg[s].parent, seg[s].keys,
+                       seg[s].values, seg[s].capacity, att + (size_t)r * H * d);
+    qi = own ? quantize_alone(att, rows, H * d, mine) : quantize_team(att, rows, H * d, scratch);
+    products_team(&ly->o, qi, rows, y);
+    /* the residual and the post-attention norm */
+    if (own) {
+        for (long i = 0; i < (long)rows * Hd; i++) h[i] += y[i];
+        rms_norm(h, rows, Hd, ly->post_norm, dm->eps, x);
+        qi = quantize_alone(x, rows, Hd, mine);
+    } else {
 #pragma omp for schedule(static)
-    for (long i = 0; i < (long)rows * Hd; i++) out[i] = f32_to_bf16(h[i] + x[i]);
+        for (int r = 0; r < rows; r++) {
+            for (long i = (long)r * Hd; i < (long)(r + 1) * Hd; i++) h[i] += y[i];
+            rms_norm(h + (size_t)r * Hd, 1, Hd, ly->post_norm, dm->eps, x + (size_t)r * Hd);
+        }
+        qi = quantize_team(x, rows, Hd, scratch);
+    }
+    products_team(&ly->gate_up, qi, rows, gu);
+    /* SwiGLU and the down product's quantized input, a task a (row, group) */
+    qi = input_layout(rows, I, scratch);
+#pragma omp for schedule(static)
+    for (int task = 0; task < rows * (I / GROUP); task++) {
+        int r = task / (I / GROUP), g = task % (I / GROUP);
+        const float *gate = gu + (size_t)r * 2 * I + g * GROUP;
+        swiglu(gate, gate + I, GROUP, act + (size_t)r * I + g * GROUP);
+        quantize_group(act, r, g, I, qi);
+    }
+    products_team(&ly->down, qi, rows, y);
+    if (own) { /* each thread the whole residual stream, its share of out */
+        long f0 = (long)Hd * t / threads, f1 = (long)Hd * (t + 1) / threads;
+        for (int r = 0; r < rows; r++)
+            for (long i = (long)r * Hd; i < (long)(r + 1) * Hd; i++) {
+                uint16_t v = f32_to_bf16(h[i] + y[i]);
+                h[i] = bf16_to_f32(v);
+                if (i - (long)r * Hd >= f0 && i - (long)r * Hd < f1) out[i] = v;
+            }
+    } else {
+#pragma omp for schedule(static)
+        for (long i = 0; i < (long)rows * Hd; i++) out[i] = f32_to_bf16(h[i] + y[i]);
+    }
 }
 
 static void layer_forward(const dims_t *dm, const layer_t *ly, const uint16_t *hidden, uint16_t *out,
                           const segment_t *seg, int segs, const uint16_t *cos, const uint16_t *sin, float *ws) {
 #pragma omp parallel
-    layer_team(dm, ly, hidden, out, seg, segs, cos, sin, ws);
+    layer_team(dm, ly, hidden, out, seg, segs, cos, sin, ws, 0);
 }
 
 /* One sequence's segment at layer i of a call's tables. */
@@ -1105,7 +1197,7 @@ void layers_forward(const dims_t *dm, const layer_t *const *layers, int n, const
 #pragma omp parallel
     for (int i = 0; i < n; i++) { /* a layer reads its input whole before it writes: in place is safe */
         segment_t seg = one_segment(rows, start, parent, keys, values, capacity, i);
-        layer_team(dm, layers[i], i == 0 ? hidden : out, out, &seg, 1, cos, sin, ws);
+        layer_team(dm, layers[i], i == 0 ? hidden : out, out, &seg, 1, cos, sin, ws, i > 0);
     }
 }
 
@@ -1128,7 +1220,7 @@ void layers_forward_batch(const dims_t *dm, const layer_t *const *layers, int n,
             for (int s = 0; s < segs; s++)
                 seg[s] = one_segment(seg_rows[s], seg_start[s], NULL, keys + (size_t)s * n, values + (size_t)s * n,
                                      capacity + (size_t)s * n, i);
-            layer_team(dm, layers[i], i == 0 ? hidden : out, out, seg, segs, cos, sin, ws);
+            layer_team(dm, layers[i], i == 0 ? hidden : out, out, seg, segs, cos, sin, ws, i > 0);
         }
     }
 }
