@@ -9,6 +9,7 @@ import torch
 from dyncomplete.engine import GenerationParams
 from dyncomplete.methods.baseline import Baseline
 from dyncomplete.models import KVCache, layered, native
+from dyncomplete.models.kv_cache import KEY_BLOCK, key_buffer
 from dyncomplete.models.native import bindings
 from dyncomplete.models.rotary import rotate_keys, shift_angles, shift_frequencies
 from dyncomplete.serve.chunk_reuse import Chunk, Runs, plan_chunks, split_stale
@@ -101,11 +102,14 @@ def test_native_key_rotation_gives_the_bits_of_pytorchs_for_every_layer():
     torch.manual_seed(1)
     layers, heads, dim, n = 3, 2, 64, 37
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, dim, 2).float() / dim))
-    src = [(torch.randn(1, heads, dim, 256) * 4).to(torch.bfloat16) for _ in range(layers)]
-    dst = [torch.zeros(1, heads, dim, 512, dtype=torch.bfloat16) for _ in range(layers)]
-    bindings.rotate_keys(src, 100, dst, 301, n, *shift_angles(201, inv_freq))
-    for k, out in zip(src, dst):
-        assert torch.equal(out[..., 301:301 + n], rotate_keys(k[..., 100:100 + n], 201, inv_freq))
+    src, dst = KVCache(layers), KVCache(layers)
+    for i in range(layers):
+        src.keys[i] = (torch.randn(1, heads, 256 // KEY_BLOCK, dim, KEY_BLOCK) * 4).to(torch.bfloat16)
+        dst.keys[i] = key_buffer((1, heads), dim, 512, torch.bfloat16, "cpu")
+    bindings.rotate_keys(src.keys, 100, dst.keys, 301, n, *shift_angles(201, inv_freq))
+    for i in range(layers):
+        out = dst.keys_by_feature(i, 0, 512)
+        assert torch.equal(out[..., 301:301 + n], rotate_keys(src.keys_by_feature(i, 100, 100 + n), 201, inv_freq))
         assert not out[..., :301].any() and not out[..., 301 + n:].any()  # nothing written outside the chunk
 
 
@@ -130,8 +134,8 @@ def test_reused_chunks_give_layer_zero_keys_of_a_full_prefill_and_the_gaps_run(s
     model.forward(torch.tensor(new), full)
     moved = slice(cut + len(inserted), len(new))  # the chunk that moved by len(inserted)
     assert torch.equal(kv.values[0][..., moved, :], full.values[0][..., moved, :])
-    rotated, fresh = kv.keys[0][..., moved].float(), full.keys[0][..., moved].float()
-    unrotated = old_kv.keys[0][..., cut:len(ids)].float()
+    rotated, fresh = kv.keys_by_feature(0, moved.start, moved.stop).float(), full.keys_by_feature(0, moved.start, moved.stop).float()
+    unrotated = old_kv.keys_by_feature(0, cut, len(ids)).float()
     bound = fresh.abs().max() / 128  # bfloat16 keeps 8 bits: one rounding step at the largest key
     assert (rotated - fresh).abs().max() <= bound < (unrotated - fresh).abs().max() / 10
 
@@ -140,7 +144,7 @@ def test_reused_chunks_give_layer_zero_keys_of_a_full_prefill_and_the_gaps_run(s
     gap = slice(cut, cut + len(inserted))
     alone = old_kv.copy(cut)  # the gap after the cached prefix, nothing after it
     model.forward(torch.tensor(inserted), alone)
-    assert torch.equal(kv.keys[5][..., gap], alone.keys[5][..., gap])  # it attended to the prefix only
+    assert torch.equal(kv.keys_by_feature(5, gap.start, gap.stop), alone.keys_by_feature(5, gap.start, gap.stop))  # it attended to the prefix only
     assert len(result.token_ids) == 4
 
 

@@ -184,7 +184,7 @@ def test_all_layers_in_one_call_equal_one_call_per_layer(quantized):
                 b = model.run_layer(i, b, ctx, stepped)
         assert torch.equal(a, b)
     assert fused.lengths == stepped.lengths == [396] * model.num_layers
-    assert all(torch.equal(fused.keys[i][..., :396], stepped.keys[i][..., :396]) for i in range(model.num_layers))
+    assert all(torch.equal(fused.keys_by_feature(i, 0, 396), stepped.keys_by_feature(i, 0, 396)) for i in range(model.num_layers))
 
 
 @pytest.mark.model
@@ -238,7 +238,7 @@ def test_a_prompt_through_decode_c_gets_the_bits_of_one_token_steps(quantized, p
         engine.native_prompt_max = default
     assert torch.equal(last, steps[-1])
     assert whole.lengths == stepped.lengths == [prompt] * quantized.num_layers
-    assert all(torch.equal(whole.keys[i][..., :prompt], stepped.keys[i][..., :prompt]) and
+    assert all(torch.equal(whole.keys_by_feature(i, 0, prompt), stepped.keys_by_feature(i, 0, prompt)) and
                torch.equal(whole.values[i][0, :, :prompt], stepped.values[i][0, :, :prompt])
                for i in range(quantized.num_layers))
 
@@ -365,7 +365,7 @@ def check_tree_against_chains(model):
     model.forward(torch.tensor(ids[start : start + 4]), chain_cache, start=start, last_only=False)
     assert tree_cache.lengths == chain_cache.lengths == [start + 4] * model.num_layers
     for i in range(model.num_layers):
-        assert same(tree_cache.keys[i][..., : start + 4].flatten(), chain_cache.keys[i][..., : start + 4].flatten())
+        assert same(tree_cache.keys_by_feature(i, 0, start + 4).flatten(), chain_cache.keys_by_feature(i, 0, start + 4).flatten())
         assert same(tree_cache.values[i][..., : start + 4, :].flatten(), chain_cache.values[i][..., : start + 4, :].flatten())
 
 
@@ -389,5 +389,5 @@ def test_projected_keys_and_values_are_those_a_full_layer_stores(quantized):
             model.run_layer(i, h, ctx, full)  # each layer on the same input, its output left unused
     assert projected.lengths == full.lengths == [291] * model.num_layers
     for i in range(model.num_layers):
-        assert torch.equal(projected.keys[i][..., :291], full.keys[i][..., :291]), i
+        assert torch.equal(projected.keys_by_feature(i, 0, 291), full.keys_by_feature(i, 0, 291)), i
         assert torch.equal(projected.values[i][..., :291, :], full.values[i][..., :291, :]), i

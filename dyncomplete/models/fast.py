@@ -10,14 +10,14 @@ plumbing and small tensors made per call. This engine holds:
 - the model's own RMSNorm as two tensor operations (the same arithmetic as Hugging Face's:
   float32 normalisation, rounded to the model dtype, then times the weight);
 - rotary tables (`rotary.py`) sliced by position, applied to queries and keys at once;
-- the KV cache of `kv_cache.py` (per-layer lengths, crop, copy, keys stored transposed),
-  written in place, its buffers sized in whole multiples of SPAN positions;
+- the KV cache of `kv_cache.py` (per-layer lengths, crop, copy, keys in blocks of positions
+  stored feature by feature), written in place, its buffers sized in whole multiples of SPAN
+  positions;
 - attention for short queries with grouped heads and the split reduction of `invariant.py`
   (the same operations as `attention.short_query_attention`), SDPA otherwise. Short queries
   read the cache in whole multiples of SPAN positions, the positions past the last key masked
   out (their probabilities are exactly 0 and the buffers start as zeros): the products then run
-  on whole buffers, which the CPU's bfloat16 GEMM takes without a copy and with a shape it has
-  seen.
+  on whole buffers, with a shape the CPU's bfloat16 GEMM has seen.
 
 In the model's own dtype the engine computes bit for bit what the Hugging Face modules compute
 (fused products give each output the same sums as separate ones; checked by the tests), so
@@ -281,8 +281,8 @@ class FastEngine:
         short = self.short_path and q_len <= SHORT_QUERY
         if cache is not None:
             span = self.attended_length(cache.lengths[i] + q_len, q_len)
-            keys, values = self._store_kv(i, cache, new_k, new_v, hidden)
-            keys_t, values = keys[0, :, :, :span], values[0, :, :span]
+            values = self._store_kv(i, cache, new_k, new_v, hidden)
+            keys_t, values = cache.keys_by_feature(i, 0, span)[0], values[0, :, :span]
         else:
             span = q_len
             keys_t, values = new_k.transpose(1, 2), new_v
@@ -310,14 +310,14 @@ class FastEngine:
         return qk[:, :, :H], qk[0, :, H:].transpose(0, 1), qkv[0, :, H + KV :].transpose(0, 1)
 
     def _store_kv(self, i: int, cache: KVCache, new_k: torch.Tensor, new_v: torch.Tensor, hidden: torch.Tensor):
-        """Append a step's keys and values (KV, q, d) to layer i; its key and value buffers."""
+        """Append a step's keys and values (KV, q, d) to layer i; its value buffer."""
         start = cache.lengths[i]
         end = start + new_k.shape[1]
-        keys = self._cache_room(i, cache, end, hidden)
-        keys[0, :, :, start:end] = new_k.transpose(1, 2)
+        self._cache_room(i, cache, end, hidden)
+        cache.put_keys(i, start, new_k.transpose(1, 2)[None])
         cache.values[i][0, :, start:end] = new_v
         cache.lengths[i] = end
-        return keys, cache.values[i]
+        return cache.values[i]
 
     def project_kv(self, layers: range, hidden: torch.Tensor, ctx: StepContext, cache: KVCache) -> None:
         """Keys and values of `layers` for the step's positions, all from `hidden` (the first half
@@ -432,7 +432,7 @@ class FastEngine:
     def _cache_room(self, i: int, cache: KVCache, end: int, hidden: torch.Tensor) -> torch.Tensor:
         """Layer i's key buffer, grown (in whole SPANs) to hold `end` positions."""
         keys = cache.keys[i]
-        if keys is None or keys.shape[-1] < end or keys.dtype != hidden.dtype:
+        if keys is None or cache.capacity(i) < end or keys.dtype != hidden.dtype:
             cache.grow(i, -(-end // SPAN) * SPAN, (1, self.kv_heads, self.head_dim), hidden.dtype, hidden.device,
                        exact=True)
             keys = cache.keys[i]

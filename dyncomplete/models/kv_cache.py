@@ -5,22 +5,37 @@ past rejected tokens, and the server keeps caches of earlier prompts: all three 
 lengths that can be moved, which Hugging Face's caches do not offer. The class is duck-typed to
 what the Hugging Face attention modules call (`update(keys, values, layer_idx, kwargs=...)`).
 
-Keys are stored transposed, (batch, heads, dim, capacity): attention multiplies the query by
-the first `length` columns, a plain strided matrix for the CPU's bfloat16 GEMM. Stored the
-usual way, that product reads keys transposed and strided at once, which takes a slow path
-(SmolLM2, 500 keys: 100 us against 45 us per layer; the same bits). `layer_keys` gives the
-usual (batch, heads, length, dim) view.
+Keys are stored in blocks of KEY_BLOCK positions, each block feature by feature: (batch, heads,
+capacity / KEY_BLOCK, dim, KEY_BLOCK). decode.c's attention scores a block's keys from one
+contiguous stretch of memory; stored (dim, capacity), the same keys lay in dim rows of the cache,
+which memory served more slowly (`docs/results.md`). PyTorch's attention takes the keys as
+(batch, heads, dim, n) (`keys_by_feature`, a copy) or the usual (batch, heads, length, dim)
+(`layer_keys`).
 """
 
 from __future__ import annotations
 
 import torch
 
+KEY_BLOCK = 32  # positions of a block of keys (decode.c's KEY_BLOCK)
+
+
+def key_buffer(lead: tuple, dim: int, capacity: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Zeroed keys of `capacity` positions (rounded up to whole blocks): (*lead, blocks, dim, KEY_BLOCK)."""
+    return torch.zeros(*lead, -(-capacity // KEY_BLOCK), dim, KEY_BLOCK, dtype=dtype, device=device)
+
+
+def copy_keys(source: torch.Tensor, target: torch.Tensor, n: int) -> None:
+    """Positions < n of `source` into `target` (blocked keys), the rest of n's block zeroed."""
+    target[:, :, : -(-n // KEY_BLOCK)] = source[:, :, : -(-n // KEY_BLOCK)]
+    if n % KEY_BLOCK:
+        target[:, :, n // KEY_BLOCK, :, n % KEY_BLOCK :] = 0
+
 
 class KVCache:
     def __init__(self, num_layers: int, capacity: int = 256):
         self.num_layers = num_layers
-        self.keys: list[torch.Tensor | None] = [None] * num_layers  # (batch, heads, dim, capacity)
+        self.keys: list[torch.Tensor | None] = [None] * num_layers  # (batch, heads, blocks, dim, KEY_BLOCK)
         self.values: list[torch.Tensor | None] = [None] * num_layers  # (batch, heads, capacity, dim)
         self.lengths = [0] * num_layers
         self._capacity = capacity
@@ -36,21 +51,36 @@ class KVCache:
         start = self.lengths[layer_idx]
         end = start + keys.shape[-2]
         buf_k = self.keys[layer_idx]
-        if buf_k is None or buf_k.shape[-1] < end or buf_k.dtype != keys.dtype:
+        if buf_k is None or self.capacity(layer_idx) < end or buf_k.dtype != keys.dtype:
             self.grow(layer_idx, end, keys.shape[:-2] + values.shape[-1:], keys.dtype, keys.device,
                       key_dim=keys.shape[-1])
-        self.keys[layer_idx][..., start:end] = keys.transpose(-1, -2)
+        self.put_keys(layer_idx, start, keys.transpose(-1, -2))
         self.values[layer_idx][..., start:end, :] = values
         self.lengths[layer_idx] = end
         return self.layer_keys(layer_idx), self.values[layer_idx][..., :end, :]
 
     def layer_keys(self, layer_idx: int) -> torch.Tensor:
-        """The layer's keys as (batch, heads, length, dim), a view."""
-        return self.keys[layer_idx][..., : self.lengths[layer_idx]].transpose(-1, -2)
+        """The layer's keys as (batch, heads, length, dim)."""
+        return self.keys_by_feature(layer_idx, 0, self.lengths[layer_idx]).transpose(-1, -2)
+
+    def keys_by_feature(self, layer_idx: int, start: int, end: int) -> torch.Tensor:
+        """The keys of positions start..end - 1 as (batch, heads, dim, end - start), to read (a copy,
+        or a view where one block holds them: `put_keys` writes)."""
+        buf = self.keys[layer_idx]
+        first, last = start // KEY_BLOCK, -(-end // KEY_BLOCK)
+        whole = buf[:, :, first:last].permute(0, 1, 3, 2, 4).reshape(*buf.shape[:2], buf.shape[3], -1)
+        return whole[..., start - first * KEY_BLOCK : end - first * KEY_BLOCK]
+
+    def put_keys(self, layer_idx: int, start: int, keys: torch.Tensor) -> None:
+        """Write keys (batch, heads, dim, n) at positions start..start + n - 1."""
+        buf, end = self.keys[layer_idx], start + keys.shape[-1]
+        for block in range(start // KEY_BLOCK, -(-end // KEY_BLOCK)):
+            a, b = max(start, block * KEY_BLOCK), min(end, (block + 1) * KEY_BLOCK)
+            buf[:, :, block, :, a - block * KEY_BLOCK : b - block * KEY_BLOCK] = keys[..., a - start : b - start]
 
     def capacity(self, layer_idx: int) -> int:
         buf = self.keys[layer_idx]
-        return 0 if buf is None else buf.shape[-1]
+        return 0 if buf is None else buf.shape[2] * KEY_BLOCK
 
     def grow(self, layer_idx: int, end: int, shape: tuple, dtype: torch.dtype, device, key_dim: int | None = None,
              exact: bool = False):
@@ -62,11 +92,12 @@ class KVCache:
         start = self.lengths[layer_idx]
         old = self.capacity(layer_idx)
         capacity = end if exact else max(end + self._capacity if buf_k is None else end, 2 * old)
+        capacity = -(-capacity // KEY_BLOCK) * KEY_BLOCK
         *lead, dim = shape
-        new_k = torch.zeros(*lead, key_dim or dim, capacity, dtype=dtype, device=device)
+        new_k = key_buffer(tuple(lead), key_dim or dim, capacity, dtype, device)
         new_v = torch.zeros(*lead, capacity, dim, dtype=dtype, device=device)
         if buf_k is not None and start:
-            new_k[..., :start] = buf_k[..., :start]
+            copy_keys(buf_k, new_k, start)
             new_v[..., :start, :] = self.values[layer_idx][..., :start, :]
         self.keys[layer_idx], self.values[layer_idx] = new_k, new_v
 
@@ -83,7 +114,8 @@ class KVCache:
         (a token tree's accepted rows move to consecutive slots)."""
         for i, n in enumerate(self.lengths):
             if self.keys[i] is not None and max(source, target) < n:
-                self.keys[i][..., target] = self.keys[i][..., source]
+                keys = self.keys[i]
+                keys[:, :, target // KEY_BLOCK, :, target % KEY_BLOCK] = keys[:, :, source // KEY_BLOCK, :, source % KEY_BLOCK]
                 self.values[i][..., target, :] = self.values[i][..., source, :]
 
     def copy(self, length: int | None = None, room: int = 0) -> "KVCache":
@@ -95,13 +127,11 @@ class KVCache:
             n = n if length is None else min(n, length)
             if self.keys[i] is not None and n:
                 keys, values = self.keys[i], self.values[i]
-                size = max(n, room)
-                other.keys[i] = keys.new_empty(*keys.shape[:-1], size)
-                other.values[i] = values.new_empty(*values.shape[:-2], size, values.shape[-1])
-                other.keys[i][..., :n] = keys[..., :n]
+                size = -(-max(n, room) // KEY_BLOCK) * KEY_BLOCK
+                other.keys[i] = key_buffer(keys.shape[:2], keys.shape[3], size, keys.dtype, keys.device)
+                copy_keys(keys, other.keys[i], n)  # positions past the length hold zeros, as `grow` leaves them
+                other.values[i] = values.new_zeros(*values.shape[:-2], size, values.shape[-1])
                 other.values[i][..., :n, :] = values[..., :n, :]
-                other.keys[i][..., n:].zero_()  # positions past the length hold zeros, as `grow` leaves them
-                other.values[i][..., n:, :].zero_()
             other.lengths[i] = n
         other.copies = self.copies[:length] if length is not None else list(self.copies)
         return other

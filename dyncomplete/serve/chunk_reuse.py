@@ -23,6 +23,7 @@ from functools import cached_property
 import torch
 
 from ..models import KVCache, native
+from ..models.kv_cache import KEY_BLOCK, key_buffer
 from ..models.native import bindings
 from ..models.rotary import rotate_keys, shift_angles
 
@@ -132,9 +133,10 @@ def assemble(cached: KVCache, chunks: list[Chunk], length: int, inv_freq: torch.
         n, moved = c.end - c.start, int(c.start != c.source)
         counts = cached.copies[c.source:c.source + n]  # positions past its end were never copied
         out.copies[c.start:c.end] = [k + moved for k in counts] + [moved] * (n - len(counts))
+    room = -(-room // KEY_BLOCK) * KEY_BLOCK  # keys come in whole blocks, and values take as many positions
     for layer in range(cached.num_layers):
         keys, values = cached.keys[layer], cached.values[layer]
-        out.keys[layer] = keys.new_zeros(*keys.shape[:-1], room)
+        out.keys[layer] = key_buffer(keys.shape[:2], keys.shape[3], room, keys.dtype, keys.device)
         out.values[layer] = values.new_zeros(*values.shape[:-2], room, values.shape[-1])
     # in C where the engine's kernels are loaded (int4, int8): a request never waits for a compiler
     in_c = cached.keys[0].dtype == torch.bfloat16 and cached.keys[0].device.type == "cpu" and native.loaded()
@@ -146,8 +148,8 @@ def assemble(cached: KVCache, chunks: list[Chunk], length: int, inv_freq: torch.
             bindings.rotate_keys(cached.keys, c.source, out.keys, c.start, n, *shift_angles(delta, inv_freq))
             continue
         for layer in range(cached.num_layers):
-            block = cached.keys[layer][..., c.source:c.source + n]
-            out.keys[layer][..., c.start:c.end] = rotate_keys(block, delta, inv_freq) if delta else block
+            block = cached.keys_by_feature(layer, c.source, c.source + n)
+            out.put_keys(layer, c.start, rotate_keys(block, delta, inv_freq) if delta else block)
     end = chunks[-1].end if chunks else 0
     out.lengths = [min(end, length)] * cached.num_layers
     edges = [0] + [e for c in chunks for e in (c.start, c.end)]

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kv_cache import KEY_BLOCK
 from . import ACTIVATIONS, FEATURES, MAX_DENSE, MAX_SEGMENTS, MAX_WIDTH, Dense, Dims, ExitNet, ExitPlan, Layer, Linear, library
+
+
+def capacities(keys: list[torch.Tensor]):
+    """Each key buffer's positions (kv_cache's blocked keys), as decode.c takes them."""
+    return (ctypes.c_int * len(keys))(*[k.shape[2] * KEY_BLOCK for k in keys])
 
 
 def linear(weights: Linear, rows: torch.Tensor) -> torch.Tensor:
@@ -43,18 +49,17 @@ def final_logits(dims: Dims, weight: torch.Tensor, head: Linear, hidden: torch.T
 
 def rotate_keys(src: list[torch.Tensor], source: int, dst: list[torch.Tensor], start: int, n: int,
                 cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Each layer's keys (1, heads, d, capacity) bf16 of positions source .. source + n - 1 in
-    `src`, rotated by the angles of `cos` and `sin` (d / 2 float32), written at start .. of `dst`:
-    `rotary.rotate_keys`'s bits, for every layer in one call."""
+    """Each layer's keys (1, heads, blocks, d, KEY_BLOCK) bf16 of positions source .. source + n - 1
+    in `src`, rotated by the angles of `cos` and `sin` (d / 2 float32), written at start .. of
+    `dst`: `rotary.rotate_keys`'s bits, for every layer in one call."""
     if any(k.dtype != torch.bfloat16 or not k.is_contiguous() for k in src + dst):
         raise ValueError("native key rotation takes contiguous bfloat16 key buffers")
-    layers, (_, heads, d, _) = len(src), src[0].shape
+    layers, (_, heads, _, d, _) = len(src), src[0].shape
     cos, sin = cos.float().contiguous(), sin.float().contiguous()  # kept alive through the call
     library().rotate_keys_bf16(
-        layers, heads, d, n, (ctypes.c_void_p * layers)(*[k.data_ptr() for k in src]),
-        (ctypes.c_int * layers)(*[k.shape[-1] for k in src]), source,
-        (ctypes.c_void_p * layers)(*[k.data_ptr() for k in dst]),
-        (ctypes.c_int * layers)(*[k.shape[-1] for k in dst]), start, cos.data_ptr(), sin.data_ptr())
+        layers, heads, d, n, (ctypes.c_void_p * layers)(*[k.data_ptr() for k in src]), capacities(src), source,
+        (ctypes.c_void_p * layers)(*[k.data_ptr() for k in dst]), capacities(dst), start, cos.data_ptr(),
+        sin.data_ptr())
 
 
 @dataclass
@@ -130,8 +135,7 @@ class Layers:
         n = len(keys)
         return (ctypes.addressof(self.table) + layers[0] * ctypes.sizeof(ctypes.c_void_p), n,
                 (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys]),
-                (ctypes.c_void_p * n)(*[v.data_ptr() for v in values]),
-                (ctypes.c_int * n)(*[k.shape[-1] for k in keys]))
+                (ctypes.c_void_p * n)(*[v.data_ptr() for v in values]), capacities(keys))
 
     def forward(self, layers: range, hidden: torch.Tensor, start: int, parents: list[int] | None,
                 keys: list[torch.Tensor], values: list[torch.Tensor], cos: torch.Tensor,
@@ -178,7 +182,7 @@ class Layers:
             (ctypes.c_int * n)(*[start for _, start, _, _ in segments]),
             (ctypes.c_void_p * len(keys))(*[k.data_ptr() for k in keys]),
             (ctypes.c_void_p * len(values))(*[v.data_ptr() for v in values]),
-            (ctypes.c_int * len(keys))(*[k.shape[-1] for k in keys]), cos.data_ptr(), sin.data_ptr(),
+            capacities(keys), cos.data_ptr(), sin.data_ptr(),
             self.workspace.data_ptr())
         return out
 

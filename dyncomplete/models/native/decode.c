@@ -18,8 +18,8 @@
  * AVX512-VNNI, for AVX2 (AMD Zen 2 and 3, Intel client cores; without it they ran about 20 times
  * slower) and portable C, which give the same bits (tests/test_native.py).
  * Activations: float32 inside a layer; hidden states, keys and values in bfloat16 (the model's
- * dtype and cache layout: keys (kv_heads, head_dim, capacity), values (kv_heads, capacity,
- * head_dim)).
+ * dtype and cache layout: keys (kv_heads, capacity / KEY_BLOCK, head_dim, KEY_BLOCK), values
+ * (kv_heads, capacity, head_dim)).
  */
 #include <math.h>
 #include <omp.h>
@@ -35,6 +35,15 @@
 #endif
 
 #define GROUP 32
+/* Keys are stored in blocks of KEY_BLOCK positions, each block feature by feature (models/kv_cache.py):
+ * the scores of a block's keys read one contiguous stretch, where keys stored (head_dim, capacity)
+ * spread it over head_dim rows of the cache, which the memory fetched more slowly. */
+#define KEY_BLOCK 32
+
+/* Where feature i of the key at position p lies in one kv head's keys (d features a key). */
+static inline size_t key_at(int i, int p, int d) {
+    return (size_t)(p / KEY_BLOCK) * d * KEY_BLOCK + (size_t)i * KEY_BLOCK + p % KEY_BLOCK;
+}
 #define PRAGMA_UNROLL _Pragma("GCC unroll 8") /* tiles' loops: accumulators stay in registers */
 
 typedef struct {
@@ -611,7 +620,7 @@ static void rope(float *x, int d, const uint16_t *cos, const uint16_t *sin) {
 
 #define ATTEND_CASE(N) \
     case N: \
-        attend_heads(q, N, K, V, prefix, tail, ntail, d, capacity, scale, scores, out); \
+        attend_heads(q, N, K, V, prefix, tail, ntail, d, scale, scores, out); \
         break;
 #ifdef VECTOR_512
 /* exp(x) for 16 floats, x clamped to [-87, 88] (Cephes' expf: range reduction by ln 2 in two
@@ -634,7 +643,7 @@ static inline __m512 exp16(__m512 x) {
 
 static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
 
-/* QG heads of one query row that share one kv head (K: (d, capacity), V: (capacity, d), bf16), over
+/* QG heads of one query row that share one kv head (K: its keys (see key_at), V: (capacity, d), bf16), over
  * keys 0..prefix-1 of the cache, then the slots tail[0..ntail-1] (a tree row's ancestors and
  * itself; a chain's row passes all its keys as the prefix): out (QG, d) = softmax(scale * q K) V
  * per head, over those keys in that order; q (QG, d); d a multiple of 32; scores: QG * (prefix + ntail) floats
@@ -644,7 +653,7 @@ static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xf
  * chain, and a head the bits it gets in a group of any size. */
 static inline __attribute__((always_inline)) void attend_heads(const float *q, int QG, const uint16_t *K,
                                                                const uint16_t *V, int prefix, const int *tail,
-                                                               int ntail, int d, int capacity, float scale,
+                                                               int ntail, int d, float scale,
                                                                float *scores, float *out) {
     int n = prefix + ntail;
     __m512 mx[8];
@@ -656,10 +665,10 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, i
         for (int h = 0; h < QG; h++) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
         __mmask16 m0 = tail_mask(prefix - j0), m1 = prefix - j0 > 16 ? tail_mask(prefix - j0 - 16) : 0;
         for (int i = 0; i < d; i++) {
-            /* key row i, 4 blocks ahead: the hardware prefetchers do not follow d rows at once */
-            _mm_prefetch((const char *)(K + (size_t)i * capacity + j0 + 128), _MM_HINT_T0);
-            __m512 k0 = load_bf16(K + (size_t)i * capacity + j0, m0);
-            __m512 k1 = load_bf16(K + (size_t)i * capacity + j0 + 16, m1);
+            /* feature i of the keys 4 blocks ahead */
+            _mm_prefetch((const char *)(K + key_at(i, j0 + 4 * KEY_BLOCK, d)), _MM_HINT_T0);
+            __m512 k0 = load_bf16(K + key_at(i, j0, d), m0);
+            __m512 k1 = load_bf16(K + key_at(i, j0, d) + 16, m1);
             PRAGMA_UNROLL
             for (int h = 0; h < QG; h++) {
                 __m512 qi = _mm512_set1_ps(q[h * d + i]);
@@ -684,7 +693,7 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, i
     for (int t0 = 0; t0 < ntail; t0 += 16) {
         int m = ntail - t0 < 16 ? ntail - t0 : 16;
         for (int jj = 0; jj < 16; jj++)
-            for (int i = 0; i < d; i++) cols[i * 16 + jj] = jj < m ? K[(size_t)i * capacity + tail[t0 + jj]] : 0;
+            for (int i = 0; i < d; i++) cols[i * 16 + jj] = jj < m ? K[key_at(i, tail[t0 + jj], d)] : 0;
         __m512 acc[8];
         PRAGMA_UNROLL
         for (int h = 0; h < QG; h++) acc[h] = _mm512_setzero_ps();
@@ -764,7 +773,7 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, i
 /* G heads sharing one kv head, in groups of up to 8 (each group with a constant size, so that its
  * accumulators stay in registers). */
 static void attend(const float *q, int G, const uint16_t *K, const uint16_t *V, int prefix, const int *tail,
-                   int ntail, int d, int capacity, float scale, float *scores, float *out) {
+                   int ntail, int d, float scale, float *scores, float *out) {
     for (int g0 = 0; g0 < G; g0 += 8, q += 8 * d, out += 8 * d) {
         switch (G - g0 < 8 ? G - g0 : 8) {
             ATTEND_CASE(1) ATTEND_CASE(2) ATTEND_CASE(3) ATTEND_CASE(4) ATTEND_CASE(5) ATTEND_CASE(6)
@@ -801,7 +810,7 @@ static inline __m256i lanes_below(int left) {
  * softmax runs over the keys packed in order. */
 static inline __attribute__((always_inline)) void attend_heads(const float *q, int QG, const uint16_t *K,
                                                                const uint16_t *V, int prefix, const int *tail,
-                                                               int ntail, int d, int capacity, float scale,
+                                                               int ntail, int d, float scale,
                                                                float *scores, float *out) {
     int n = prefix + ntail, full = prefix - prefix % 16;
     float top[4];
@@ -813,8 +822,8 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, i
         PRAGMA_UNROLL
         for (int h = 0; h < QG; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
         for (int i = 0; i < d; i++) {
-            _mm_prefetch((const char *)(K + (size_t)i * capacity + j0 + 128), _MM_HINT_T0);
-            __m256 k0 = load_bf16x8(K + (size_t)i * capacity + j0), k1 = load_bf16x8(K + (size_t)i * capacity + j0 + 8);
+            _mm_prefetch((const char *)(K + key_at(i, j0 + 4 * KEY_BLOCK, d)), _MM_HINT_T0);
+            __m256 k0 = load_bf16x8(K + key_at(i, j0, d)), k1 = load_bf16x8(K + key_at(i, j0, d) + 8);
             PRAGMA_UNROLL
             for (int h = 0; h < QG; h++) {
                 __m256 qi = _mm256_set1_ps(q[h * d + i]);
@@ -838,7 +847,7 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, i
         int m = n - j0 < 8 ? n - j0 : 8;
         for (int jj = 0; jj < 8; jj++) {
             int j = j0 + jj, slot = j < prefix ? j : jj < m ? tail[j - prefix] : -1;
-            for (int i = 0; i < d; i++) cols[i * 8 + jj] = slot < 0 ? 0 : K[(size_t)i * capacity + slot];
+            for (int i = 0; i < d; i++) cols[i * 8 + jj] = slot < 0 ? 0 : K[key_at(i, slot, d)];
         }
         __m256 acc[4];
         PRAGMA_UNROLL
@@ -893,7 +902,7 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, i
 
 /* G heads sharing one kv head, in groups of up to 4 (16 vector registers). */
 static void attend(const float *q, int G, const uint16_t *K, const uint16_t *V, int prefix, const int *tail,
-                   int ntail, int d, int capacity, float scale, float *scores, float *out) {
+                   int ntail, int d, float scale, float *scores, float *out) {
     for (int g0 = 0; g0 < G; g0 += 4, q += 4 * d, out += 4 * d) {
         switch (G - g0 < 4 ? G - g0 : 4) {
             ATTEND_CASE(1) ATTEND_CASE(2) ATTEND_CASE(3) ATTEND_CASE(4)
@@ -902,12 +911,12 @@ static void attend(const float *q, int G, const uint16_t *K, const uint16_t *V, 
 }
 #else
 static void attend_head(const float *q, const uint16_t *K, const uint16_t *V, int prefix, const int *tail, int ntail,
-                        int d, int capacity, float scale, float *scores, float *out) {
+                        int d, float scale, float *scores, float *out) {
     int n = prefix + ntail;
     for (int j = 0; j < n; j++) scores[j] = 0.f;
     for (int i = 0; i < d; i++)
         for (int j = 0; j < n; j++)
-            scores[j] += q[i] * bf16_to_f32(K[(size_t)i * capacity + (j < prefix ? j : tail[j - prefix])]);
+            scores[j] += q[i] * bf16_to_f32(K[key_at(i, j < prefix ? j : tail[j - prefix], d)]);
     float mx = -INFINITY, sum = 0.f;
     for (int j = 0; j < n; j++) mx = fmaxf(mx, scores[j] *= scale);
     for (int j = 0; j < n; j++) sum += scores[j] = expf(scores[j] - mx);
@@ -918,8 +927,8 @@ static void attend_head(const float *q, const uint16_t *K, const uint16_t *V, in
 }
 
 static void attend(const float *q, int G, const uint16_t *K, const uint16_t *V, int prefix, const int *tail,
-                   int ntail, int d, int capacity, float scale, float *scores, float *out) {
-    for (int h = 0; h < G; h++) attend_head(q + h * d, K, V, prefix, tail, ntail, d, capacity, scale, scores, out + h * d);
+                   int ntail, int d, float scale, float *scores, float *out) {
+    for (int h = 0; h < G; h++) attend_head(q + h * d, K, V, prefix, tail, ntail, d, scale, scores, out + h * d);
 }
 #endif
 
@@ -977,7 +986,7 @@ static void attention_team(const dims_t *dm, const float *q, long q_stride, int 
         }
         int h0 = kv * G + g;
         attend(q + (size_t)r * q_stride + (size_t)h0 * d, n, keys + (size_t)kv * d * capacity,
-               values + (size_t)kv * capacity * d, prefix, tail, ntail, d, capacity, dm->scale, scores,
+               values + (size_t)kv * capacity * d, prefix, tail, ntail, d, dm->scale, scores,
                out + ((size_t)r * H + h0) * d);
         i += n;
     }
@@ -1015,7 +1024,8 @@ long workspace_floats(const dims_t *dm, int rows) {
 }
 
 /* One sequence's rows in a layer call: `rows` new tokens in cache slots start, start + 1, ... of
- * its own cache (keys (kv_heads, head_dim, capacity), values (kv_heads, capacity, head_dim) bf16);
+ * its own cache (keys (kv_heads, capacity / KEY_BLOCK, head_dim, KEY_BLOCK), values (kv_heads, capacity,
+ * head_dim) bf16);
  * parent: the rows' tree (see attention; NULL for a chain). */
 typedef struct {
     int rows, start;
@@ -1053,7 +1063,7 @@ static void rope_store_team(const dims_t *dm, const segment_t *seg, int rows, co
         while (i >= seg[s].rows) i -= seg[s++].rows;
         int kv = k - H, pos = seg[s].start + i, cap = seg[s].capacity;
         for (int j = 0; j < d; j++) {
-            seg[s].keys[((size_t)kv * d + j) * cap + pos] = f32_to_bf16(row[key0 + kv * d + j]);
+            seg[s].keys[(size_t)kv * d * cap + key_at(j, pos, d)] = f32_to_bf16(row[key0 + kv * d + j]);
             seg[s].values[((size_t)kv * cap + pos) * d + j] = f32_to_bf16(row[key0 + (KV + kv) * d + j]);
         }
     }
@@ -1389,7 +1399,7 @@ int layers_forward_exit(const dims_t *dm, const layer_t *const *layers, int L, u
 }
 
 /* Keys of n positions moved to other slots and rotated (serve/chunk_reuse.py's cache reuse), in
- * every layer: layer l's keys (heads * d rows of src_cap[l] or dst_cap[l] positions, bf16) from
+ * every layer: layer l's keys (heads kv heads of src_cap[l] or dst_cap[l] positions, see key_at) from
  * slot `from` of src[l] to slot `to` of dst[l], each head's feature j paired with j + d / 2 and
  * turned by the angle whose cos and sin are cos[j], sin[j]. The bits of rotary.rotate_keys in
  * PyTorch: each product, difference and sum rounded in float32, then to bf16. */
@@ -1399,16 +1409,14 @@ void rotate_keys_bf16(int layers, int heads, int d, int n, const uint16_t *const
     for (int l = 0; l < layers; l++)
         for (int h = 0; h < heads; h++)
             for (int j = 0; j < half; j++) {
-                const uint16_t *a = src[l] + (size_t)(h * d + j) * src_cap[l] + from;
-                const uint16_t *b = src[l] + (size_t)(h * d + j + half) * src_cap[l] + from;
-                uint16_t *oa = dst[l] + (size_t)(h * d + j) * dst_cap[l] + to;
-                uint16_t *ob = dst[l] + (size_t)(h * d + j + half) * dst_cap[l] + to;
+                const uint16_t *in = src[l] + (size_t)h * d * src_cap[l];
+                uint16_t *o = dst[l] + (size_t)h * d * dst_cap[l];
                 float c = cos[j], s = sin[j];
                 for (int p = 0; p < n; p++) {
-                    float x1 = bf16_to_f32(a[p]), x2 = bf16_to_f32(b[p]);
+                    float x1 = bf16_to_f32(in[key_at(j, from + p, d)]), x2 = bf16_to_f32(in[key_at(j + half, from + p, d)]);
                     float x1c = x1 * c, x2s = x2 * s, x2c = x2 * c, x1s = x1 * s;
-                    oa[p] = f32_to_bf16(x1c - x2s);
-                    ob[p] = f32_to_bf16(x2c + x1s);
+                    o[key_at(j, to + p, d)] = f32_to_bf16(x1c - x2s);
+                    o[key_at(j + half, to + p, d)] = f32_to_bf16(x2c + x1s);
                 }
             }
 }
