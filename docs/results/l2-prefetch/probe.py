@@ -5,8 +5,11 @@ they must share the packed layout. Build them first:
   F="-O3 -march=native -fopenmp -ffp-contract=off -shared -fPIC"
   git show REV:dyncomplete/models/native/decode.c > /tmp/old.c; gcc $F /tmp/old.c -o /tmp/lib_old.so -lm
   gcc $F dyncomplete/models/native/decode.c -o /tmp/lib_new.so -lm
-python docs/results/l2-prefetch/probe.py MODEL ROUNDS /tmp/lib_old.so /tmp/lib_new.so"""
+python docs/results/l2-prefetch/probe.py MODEL ROUNDS /tmp/lib_old.so /tmp/lib_new.so
+With N in the environment (N=3000 ...) the cache holds N tokens of the standard library's test
+split instead of 480 of argparse.py (docs/results/blocked-keys/)."""
 import argparse
+import os
 import pathlib
 import statistics
 import sys
@@ -14,6 +17,7 @@ import time
 
 import torch
 
+from dyncomplete.data.splits import source_files
 from dyncomplete.engine.sampling import greedy_index
 from dyncomplete.models import load, native
 from dyncomplete.models.native import bindings
@@ -23,9 +27,11 @@ torch.set_num_threads(2)
 model = load(sys.argv[1], dtype="auto", device="cpu", quant="int4", progress=lambda m: None)
 builds = {"old": native.compile_library(pathlib.Path(sys.argv[3])),
           "new": native.compile_library(pathlib.Path(sys.argv[4]))}
-ids = model.tokenizer(open(argparse.__file__).read())["input_ids"][:520]
+N = int(os.environ.get("N", 480))
+text = "\n".join(f.read_text() for f in source_files(split="test")[:8]) if "N" in os.environ else open(argparse.__file__).read()
+ids = model.tokenizer(text)["input_ids"][:N + 64]
 cache = model.new_cache()
-first = greedy_index(model.forward(torch.tensor(ids[:480]), cache)[0, -1])
+first = greedy_index(model.forward(torch.tensor(ids[:N]), cache)[0, -1])
 shapes = ["step", *(f"{k} rows" for k in PASS_ROWS)]
 ms = {(build, shape): [] for build in builds for shape in shapes}
 tokens = {}
@@ -41,18 +47,18 @@ with torch.inference_mode():
     for round_ in range(int(sys.argv[2])):
         for build in (list(builds) if round_ % 2 == 0 else list(builds)[::-1]):
             bindings.library = lambda lib=builds[build]: lib
-            cache.crop(480)
+            cache.crop(N)
             out, times = [first], []
             for k in range(64):
                 times.append(timed(lambda: out.append(greedy_index(
-                    model.forward(torch.tensor(out[-1:]), cache, start=480 + k)[0, -1]))))
+                    model.forward(torch.tensor(out[-1:]), cache, start=N + k)[0, -1]))))
             tokens.setdefault(build, out)
             ms[(build, "step")].append(statistics.median(times) * 1000)
             for k in PASS_ROWS:
                 times = []
                 for _ in range(12):
-                    cache.crop(480)
-                    times.append(timed(lambda: model.forward(torch.tensor(ids[480:480 + k]), cache, start=480,
+                    cache.crop(N)
+                    times.append(timed(lambda: model.forward(torch.tensor(ids[N:N + k]), cache, start=N,
                                                              last_only=False)))
                 ms[(build, f"{k} rows")].append(statistics.median(times) * 1000)
 print(f"{sys.argv[1]}, {sys.argv[2]} rounds; the same greedy tokens in both builds: {tokens['old'] == tokens['new']}")
