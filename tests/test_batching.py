@@ -4,6 +4,7 @@ whatever shares its batches (prompts in chunks, other requests joining and leavi
 one, a method that runs alone, lookup's verification passes under a shared verify budget); the
 budget's choice of drafted positions (TETRIS)."""
 
+import os
 import time
 
 import pytest
@@ -13,7 +14,7 @@ from helpers import ids_of, run_jobs, stdlib_prompts
 from dyncomplete.engine import GenerationParams
 from dyncomplete.serve.batching import ModelThread, shared_draft_lengths
 from dyncomplete.serve.prefix_cache import PrefixCache
-from dyncomplete.serve.worker import Job, Worker
+from dyncomplete.serve.worker import SLOT_NICENESS, Job, Worker
 
 pytestmark = pytest.mark.model
 
@@ -100,6 +101,18 @@ def alone(smollm_int4, prefixes):
         return completions(w, prefixes, ["baseline"] * len(prefixes))
     finally:
         w.stop()
+
+
+def test_batching_slots_run_below_the_model_threads_priority(smollm_int4, prefixes):
+    """The slot threads' Python work yields the cores to the model thread's OpenMP threads."""
+    w = worker_of(smollm_int4, 2)
+    try:
+        completions(w, prefixes[:2], ["baseline"] * 2)
+        model = os.getpriority(os.PRIO_PROCESS, w.model_thread._thread.native_id)
+        slots = [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in w._slots]
+    finally:
+        w.stop()
+    assert slots == [min(19, model + SLOT_NICENESS)] * 2
 
 
 def test_parallel_slots_give_each_request_its_tokens_alone(smollm_int4, prefixes, alone):

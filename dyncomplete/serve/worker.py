@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import queue
 import threading
 import time
@@ -99,6 +100,7 @@ def build_methods(names: Sequence[str], model) -> dict[str, object]:
 
 
 VERIFY_BUDGETS = ("shared", "per-request")
+SLOT_NICENESS = 10  # added to a batching slot thread's nice value (the model thread keeps the process's)
 
 
 class Worker:
@@ -200,8 +202,13 @@ class Worker:
     # -- the thread ------------------------------------------------------------------------------
 
     def _loop(self, slot: int) -> None:
-        if self.model_thread is not None and native.available():
-            native.keep_thread_serial()  # the model thread runs the model; this thread's tensor work is small
+        if self.model_thread is not None:
+            # a lower priority than the model's threads: their two OpenMP threads meet at barriers,
+            # and a slot's Python work taking one's core held up both (docs/results.md)
+            me = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + SLOT_NICENESS))
+            if native.available():
+                native.keep_thread_serial()  # the model thread runs the model; this thread's tensor work is small
         while (job := self._queue.get()) is not None:
             with self._lock:
                 self._running.add(job)
