@@ -87,7 +87,8 @@ class KVCache:
         """Give a layer buffers for at least `end` positions, keeping its first `lengths[layer]`.
         `shape` = (batch, heads, value dim); keys have `key_dim` (default the value dim). The
         first buffer reserves `capacity` positions beyond `end`, later ones double, so a decode
-        loop allocates rarely; `exact` gives exactly `end` positions. New positions hold zeros."""
+        loop allocates rarely; `exact` gives `end` positions rounded up to whole key blocks. New
+        positions hold zeros."""
         buf_k = self.keys[layer_idx]
         start = self.lengths[layer_idx]
         old = self.capacity(layer_idx)
