@@ -20,14 +20,20 @@ import torch
 KEY_BLOCK = 32  # positions of a block of keys (decode.c's KEY_BLOCK)
 
 
+def whole_blocks(positions: int) -> int:
+    """`positions` rounded up to a multiple of KEY_BLOCK: the capacity a cache buffer gets."""
+    return -(-positions // KEY_BLOCK) * KEY_BLOCK
+
+
 def key_buffer(lead: tuple, dim: int, capacity: int, dtype: torch.dtype, device) -> torch.Tensor:
     """Zeroed keys of `capacity` positions (rounded up to whole blocks): (*lead, blocks, dim, KEY_BLOCK)."""
-    return torch.zeros(*lead, -(-capacity // KEY_BLOCK), dim, KEY_BLOCK, dtype=dtype, device=device)
+    return torch.zeros(*lead, whole_blocks(capacity) // KEY_BLOCK, dim, KEY_BLOCK, dtype=dtype, device=device)
 
 
 def copy_keys(source: torch.Tensor, target: torch.Tensor, n: int) -> None:
     """Positions < n of `source` into `target` (blocked keys), the rest of n's block zeroed."""
-    target[:, :, : -(-n // KEY_BLOCK)] = source[:, :, : -(-n // KEY_BLOCK)]
+    blocks = whole_blocks(n) // KEY_BLOCK
+    target[:, :, :blocks] = source[:, :, :blocks]
     if n % KEY_BLOCK:
         target[:, :, n // KEY_BLOCK, :, n % KEY_BLOCK :] = 0
 
@@ -93,7 +99,7 @@ class KVCache:
         start = self.lengths[layer_idx]
         old = self.capacity(layer_idx)
         capacity = end if exact else max(end + self._capacity if buf_k is None else end, 2 * old)
-        capacity = -(-capacity // KEY_BLOCK) * KEY_BLOCK
+        capacity = whole_blocks(capacity)
         *lead, dim = shape
         new_k = key_buffer(tuple(lead), key_dim or dim, capacity, dtype, device)
         new_v = torch.zeros(*lead, capacity, dim, dtype=dtype, device=device)
@@ -128,7 +134,7 @@ class KVCache:
             n = n if length is None else min(n, length)
             if self.keys[i] is not None and n:
                 keys, values = self.keys[i], self.values[i]
-                size = -(-max(n, room) // KEY_BLOCK) * KEY_BLOCK
+                size = whole_blocks(max(n, room))
                 other.keys[i] = key_buffer(keys.shape[:2], keys.shape[3], size, keys.dtype, keys.device)
                 copy_keys(keys, other.keys[i], n)  # positions past the length hold zeros, as `grow` leaves them
                 other.values[i] = values.new_zeros(*values.shape[:-2], size, values.shape[-1])

@@ -23,7 +23,7 @@ from functools import cached_property
 import torch
 
 from ..models import KVCache, native
-from ..models.kv_cache import KEY_BLOCK, key_buffer
+from ..models.kv_cache import key_buffer, whole_blocks
 from ..models.native import bindings
 from ..models.rotary import rotate_keys, shift_angles
 
@@ -133,7 +133,7 @@ def assemble(cached: KVCache, chunks: list[Chunk], length: int, inv_freq: torch.
         n, moved = c.end - c.start, int(c.start != c.source)
         counts = cached.copies[c.source:c.source + n]  # positions past its end were never copied
         out.copies[c.start:c.end] = [k + moved for k in counts] + [moved] * (n - len(counts))
-    room = -(-room // KEY_BLOCK) * KEY_BLOCK  # keys come in whole blocks, and values take as many positions
+    room = whole_blocks(room)  # keys come in whole blocks, and values take as many positions
     for layer in range(cached.num_layers):
         keys, values = cached.keys[layer], cached.values[layer]
         out.keys[layer] = key_buffer(keys.shape[:2], keys.shape[3], room, keys.dtype, keys.device)

@@ -1113,27 +1113,20 @@ static void layer_team(const dims_t *dm, const layer_t *ly, const uint16_t *hidd
         x = h + (size_t)rows * Hd, mine = x + (size_t)rows * Hd;
     }
     /* the input norm and the queries, keys and values */
-    qinput_t qi;
     if (own) {
         if (!carried)
             for (long i = 0; i < (long)rows * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
         rms_norm(h, rows, Hd, ly->in_norm, dm->eps, x);
-        qi = quantize_alone(x, rows, Hd, mine);
+        products_team(&ly->qkv, quantize_alone(x, rows, Hd, mine), rows, qkv);
+        rope_store_team(dm, seg, rows, cos, sin, qkv, 0);
     } else {
-#pragma omp for schedule(static)
-        for (int r = 0; r < rows; r++) {
-            for (long i = (long)r * Hd; i < (long)(r + 1) * Hd; i++) h[i] = bf16_to_f32(hidden[i]);
-            rms_norm(h + (size_t)r * Hd, 1, Hd, ly->in_norm, dm->eps, x + (size_t)r * Hd);
-        }
-        qi = quantize_team(x, rows, Hd, scratch);
+        project_qkv_team(dm, ly, hidden, seg, segs, cos, sin, h, x, qkv, scratch, 1);
     }
-    products_team(&ly->qkv, qi, rows, qkv);
-    rope_store_team(dm, seg, rows, cos, sin, qkv, 0);
     /* attention, the queries read in place in qkv */
     for (int s = 0, r = 0; s < segs; r += seg[s].rows, s++)
         attention_team(dm, qkv + (size_t)r * nqkv, nqkv, seg[s].rows, seg[s].start, seg[s].parent, seg[s].keys,
                        seg[s].values, seg[s].capacity, att + (size_t)r * H * d);
-    qi = own ? quantize_alone(att, rows, H * d, mine) : quantize_team(att, rows, H * d, scratch);
+    qinput_t qi = own ? quantize_alone(att, rows, H * d, mine) : quantize_team(att, rows, H * d, scratch);
     products_team(&ly->o, qi, rows, y);
     /* the residual and the post-attention norm */
     if (own) {
