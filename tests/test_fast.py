@@ -188,6 +188,41 @@ def test_all_layers_in_one_call_equal_one_call_per_layer(quantized):
 
 
 @pytest.mark.model
+def test_a_short_chain_in_one_native_call_gets_the_bits_of_the_general_path(quantized):
+    """`FastEngine.forward_chain` (embedding, layers, final norm and head in one call of decode.c)
+    against `LayeredModel.forward`'s general path: the same logits and cache for one-token steps
+    that outgrow the cache's buffers (their pointer arrays built again) and for a 5-token pass;
+    a chain that does not follow the cache in every layer takes the general path."""
+    model, engine = quantized, quantized.engines["fast"]
+    assert engine.chains
+    ids = long_ids(model, 300)
+
+    def run(chains: bool):
+        engine.chains = chains
+        try:
+            cache = model.new_cache()
+            model.forward(torch.tensor(ids[:250]), cache)  # buffers of one SPAN: the steps grow them
+            logits = [model.forward(torch.tensor([t]), cache) for t in ids[250:260]]
+            return logits + [model.forward(torch.tensor(ids[260:265]), cache, last_only=False)], cache
+        finally:
+            engine.chains = True
+
+    (chained, a), (general, b) = run(True), run(False)
+    assert chained[-1].shape == (1, 5, model.vocab_size)
+    assert all(torch.equal(x, y) for x, y in zip(chained, general))
+    assert a.lengths == b.lengths == [265] * model.num_layers
+    assert all(torch.equal(a.keys_by_feature(i, 0, 265), b.keys_by_feature(i, 0, 265))
+               and torch.equal(a.values[i][0, :, :265], b.values[i][0, :, :265]) for i in range(model.num_layers))
+    assert a.pointers.room >= 265 and a.pointers.keys == a.keys
+    with torch.inference_mode():
+        assert engine.forward_chain(torch.tensor([ids[265]]), a, 266, True) is None  # not the next position
+        a.crop(264, range(1))
+        assert engine.forward_chain(torch.tensor([ids[265]]), a, None, True) is None  # layers of two lengths
+    with pytest.raises(IndexError):
+        model.forward(torch.tensor([model.vocab_size + 5]), b)  # F.embedding's error, from the general path
+
+
+@pytest.mark.model
 def test_quantized_model_agrees_with_the_unquantized_one_on_most_greedy_tokens(quantized, request):
     """A quality floor: top-1 agreement over real code positions with the model `--quant none`
     runs on this CPU: bfloat16 where the CPU has bfloat16 instructions, float32 elsewhere (where

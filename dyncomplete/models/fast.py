@@ -198,6 +198,10 @@ class FastEngine:
         # (1.4x with AMX's integer products in decode.c, not kept); on AVX512-BF16 alone (AMD
         # Zen 4) decode.c was 1.3x faster (docs/results.md)
         self.native_prompt_max = AMX_NATIVE_PROMPT if cpu_has_amx() else None
+        # `forward_chain` runs: every layer and the head in decode.c, on bfloat16 rows
+        self.chains = (self.native is not None and self.native.all_native and self.lm_head.native is not None
+                       and self.dtype == self.embedding.dtype == torch.bfloat16 and self.embedding.is_contiguous()
+                       and self.d.config.hidden_size <= native.MAX_WIDTH)
 
     def _native_layers(self) -> bindings.Layers:
         """decode.c's view of every layer (pointers into this engine's tensors); the layers run
@@ -313,7 +317,7 @@ class FastEngine:
         """Append a step's keys and values (KV, q, d) to layer i; its value buffer."""
         start = cache.lengths[i]
         end = start + new_k.shape[1]
-        self._cache_room(i, cache, end, hidden)
+        self._cache_room(i, cache, end, hidden.dtype)
         cache.put_keys(i, start, new_k.transpose(1, 2)[None])
         cache.values[i][0, :, start:end] = new_v
         cache.lengths[i] = end
@@ -352,6 +356,34 @@ class FastEngine:
             cache.lengths[i] += hidden.shape[1]
         return out
 
+    def forward_chain(self, input_ids: torch.Tensor, cache: KVCache | None, start: int | None,
+                      last_only: bool) -> torch.Tensor | None:
+        """`LayeredModel.forward`'s logits for up to SHORT_QUERY tokens that follow the cache's
+        contents in every layer, in one call of decode.c (embedding, layers, final norm, head): the
+        bits of `run_native` and `logits`, without the step context, masks and the calls' Python
+        between them, which took a small model's one-token step longer than its LM head. None
+        where this path does not apply (the caller takes the general one)."""
+        native = self.native
+        if not self.chains or cache is None:
+            return None
+        ids = input_ids.reshape(-1).tolist()
+        first, rows = cache.lengths[0], len(ids)
+        if not 0 < rows <= SHORT_QUERY or start not in (None, first) or cache.lengths.count(first) != len(cache.lengths):
+            return None
+        if min(ids) < 0 or max(ids) >= self.embedding.shape[0]:
+            return None  # F.embedding's error, on the general path
+        end = first + rows
+        pointers = bindings.CachePointers.of(cache)
+        if pointers.room < end:
+            for i in range(len(self.layers)):
+                self._cache_room(i, cache, end, self.dtype)
+            pointers = bindings.CachePointers.of(cache)
+        self.rotary.extend(end)
+        logits = native.forward_chain(ids, first, pointers, self.embedding, self.rotary.cos, self.rotary.sin,
+                                      self.final_norm_weight, self.lm_head.native, 1 if last_only else rows)
+        cache.lengths = [end] * len(cache.lengths)
+        return logits
+
     def run_exit(self, hidden: torch.Tensor, resume: list[int], ctx: StepContext, cache: KVCache,
                  exits: bindings.Exits, propagate: bool) -> tuple[int, torch.Tensor] | None:
         """`LayeredModel.run_exit` in one call of decode.c, where every layer is native, the rows
@@ -366,7 +398,7 @@ class FastEngine:
             return None
         if any(cache.lengths[j] != first + joined for j, joined in enumerate(rows_waiting(resume, count))):
             return None
-        keys = [self._cache_room(j, cache, first + rows, hidden) for j in range(count)]
+        keys = [self._cache_room(j, cache, first + rows, hidden.dtype) for j in range(count)]
         exit_layer, out = self.native.forward_exit(hidden, first, resume, exits, self.final_norm_weight, propagate,
                                                    keys, cache.values, step.cos, step.sin)
         for j in range(count):
@@ -400,7 +432,7 @@ class FastEngine:
         for hidden, ctx, cache in steps:
             step, q_len = ctx.state_of(self), hidden.shape[1]
             start = step.positions[0]
-            keys = [self._cache_room(i, cache, start + q_len, hidden) for i in range(len(self.layers))]
+            keys = [self._cache_room(i, cache, start + q_len, hidden.dtype) for i in range(len(self.layers))]
             segments.append((q_len, start, keys, cache.values))
             cos.append(step.cos)
             sin.append(step.sin)
@@ -427,14 +459,13 @@ class FastEngine:
             in_order = step.positions == list(range(start, start + q_len))
         if not in_order or any(cache.lengths[i] != start or not self.native.runs(i) for i in layers):
             return None
-        return start, [self._cache_room(i, cache, start + q_len, hidden) for i in layers]
+        return start, [self._cache_room(i, cache, start + q_len, hidden.dtype) for i in layers]
 
-    def _cache_room(self, i: int, cache: KVCache, end: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Layer i's key buffer, grown (in whole SPANs) to hold `end` positions."""
+    def _cache_room(self, i: int, cache: KVCache, end: int, dtype: torch.dtype) -> torch.Tensor:
+        """Layer i's key buffer of `dtype`, grown (in whole SPANs) to hold `end` positions."""
         keys = cache.keys[i]
-        if keys is None or cache.capacity(i) < end or keys.dtype != hidden.dtype:
-            cache.grow(i, -(-end // SPAN) * SPAN, (1, self.kv_heads, self.head_dim), hidden.dtype, hidden.device,
-                       exact=True)
+        if keys is None or cache.capacity(i) < end or keys.dtype != dtype:
+            cache.grow(i, -(-end // SPAN) * SPAN, (1, self.kv_heads, self.head_dim), dtype, self.device, exact=True)
             keys = cache.keys[i]
         return keys
 

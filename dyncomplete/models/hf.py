@@ -100,6 +100,9 @@ class HFEngine:
             k, _ = apply_rotary_pos_emb(k, k, cos, sin)
             cache.update(k, v, i)
 
+    def forward_chain(self, input_ids, cache, start, last_only) -> None:
+        return None  # LayeredModel.forward's five calls are this engine's path
+
     def run_exit(self, hidden, resume, ctx, cache, exits, propagate) -> None:
         return None  # the decisions run in Python, between layers
 

@@ -51,6 +51,7 @@ class KVCache:
         # per position, how many times its keys and values were copied to a new position
         # (chunk reuse); positions past the list's end were computed where they are
         self.copies: list[int] = []
+        self.pointers = None  # decode.c's arrays of these buffers (`bindings.CachePointers`), kept by it
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, kwargs=None, **_):
         """Append keys/values (batch, heads, new, dim) at the layer's length; return all of them."""
@@ -107,6 +108,7 @@ class KVCache:
             copy_keys(buf_k, new_k, start)
             new_v[..., :start, :] = self.values[layer_idx][..., :start, :]
         self.keys[layer_idx], self.values[layer_idx] = new_k, new_v
+        self.pointers = None  # they pointed into the old buffers, which they kept alive
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.lengths[layer_idx]

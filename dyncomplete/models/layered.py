@@ -195,6 +195,10 @@ class LayeredModel:
         self, input_ids: torch.Tensor, cache: KVCache | None = None, start: int | None = None, last_only: bool = True
     ) -> torch.Tensor:
         """All layers over new tokens that follow the cache's contents; returns float32 logits."""
+        if self.head_tap is None:
+            logits = self._engine().forward_chain(input_ids, cache, start, last_only)
+            if logits is not None:
+                return logits
         ids = input_ids.reshape(1, -1)
         start = cache.lengths[0] if (start is None and cache is not None) else (start or 0)
         ctx = self.context(torch.arange(start, start + ids.shape[1]))

@@ -51,6 +51,11 @@ class Engine(Protocol):
 
     def project_kv(self, layers: range, hidden: torch.Tensor, ctx: StepContext, cache: KVCache) -> None: ...
 
+    def forward_chain(self, input_ids: torch.Tensor, cache: KVCache | None, start: int | None,
+                      last_only: bool) -> torch.Tensor | None:
+        """`LayeredModel.forward`'s logits by a shorter path of this engine's own, or None where it
+        has none (the caller then runs the five calls)."""
+
     def run_exit(self, hidden: torch.Tensor, resume: list[int], ctx: StepContext, cache: KVCache, exits,
                  propagate: bool) -> tuple[int, torch.Tensor] | None:
         """An early-exit step with its decisions made natively (`LayeredModel.run_exit`), or None

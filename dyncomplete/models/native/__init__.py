@@ -123,6 +123,9 @@ def compile_library(target: Path, flags: list[str] = FLAGS) -> ctypes.CDLL:
     lib.logits_workspace_floats.argtypes, lib.logits_workspace_floats.restype = [i32, i32], ctypes.c_long
     lib.final_logits.argtypes = [ctypes.POINTER(Dims), ptr, ctypes.POINTER(Linear), ptr, i32, ptr, ptr]
     lib.final_logits.restype = None
+    lib.forward_chain.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr,
+                                  ptr, ptr, ctypes.POINTER(Linear), i32, ptr, ptr]
+    lib.forward_chain.restype = None
     lib.rotate_keys_bf16.argtypes = [i32, i32, i32, i32, ptr, ptr, i32, ptr, ptr, i32, ptr, ptr]
     lib.rotate_keys_bf16.restype = None
     lib.omp_pause_resource_all.argtypes, lib.omp_pause_resource_all.restype = [i32], i32  # from OpenMP's runtime

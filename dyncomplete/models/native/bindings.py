@@ -4,6 +4,7 @@ alone) for short queries, and an early-exit step with its decisions inside the l
 from __future__ import annotations
 
 import ctypes
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,31 @@ def rotate_keys(src: list[torch.Tensor], source: int, dst: list[torch.Tensor], s
         layers, heads, d, n, (ctypes.c_void_p * layers)(*[k.data_ptr() for k in src]), capacities(src), source,
         (ctypes.c_void_p * layers)(*[k.data_ptr() for k in dst]), capacities(dst), start, cos.data_ptr(),
         sin.data_ptr())
+
+
+class CachePointers:
+    """decode.c's arrays of one cache's key and value buffers and their capacities, kept on the
+    cache (`KVCache.pointers`) and built again only when a buffer changed (one array entry per
+    layer, rebuilt every step, was a good share of a one-token step's Python time). `room`: the positions every layer
+    holds, 0 where one lacks a bfloat16 buffer (decode.c's)."""
+
+    def __init__(self, keys: list[torch.Tensor | None], values: list[torch.Tensor | None]):
+        self.keys, self.values = list(keys), list(values)  # kept: the pointers stay valid
+        whole = all(k is not None and k.dtype == torch.bfloat16 for k in keys)
+        self.room = min(k.shape[2] for k in keys) * KEY_BLOCK if whole else 0
+        if whole:
+            self.key_ptrs = (ctypes.c_void_p * len(keys))(*[k.data_ptr() for k in keys])
+            self.value_ptrs = (ctypes.c_void_p * len(values))(*[v.data_ptr() for v in values])
+            self.capacities = capacities(keys)
+
+    @classmethod
+    def of(cls, cache) -> "CachePointers":
+        """`cache.pointers`, built again if a buffer changed since."""
+        kept = cache.pointers
+        if kept is None or not (all(map(operator.is_, kept.keys, cache.keys))
+                                and all(map(operator.is_, kept.values, cache.values))):
+            kept = cache.pointers = cls(cache.keys, cache.values)
+        return kept
 
 
 @dataclass
@@ -125,6 +151,8 @@ class Layers:
         self.all_native = all(layer is not None for layer in layers)
         self.workspace = torch.empty(library().workspace_floats(ctypes.byref(dims), max_rows))
         self.table = (ctypes.c_void_p * len(layers))(*[ctypes.addressof(l) if l else None for l in layers])
+        self.chain: torch.Tensor | None = None  # forward_chain's embedded rows and output, grown on demand
+        self.head_workspace: torch.Tensor | None = None
 
     def runs(self, i: int) -> bool:
         return self.layers[i] is not None
@@ -158,6 +186,27 @@ class Layers:
                 min(self.max_rows, q_len - a), start + a, tree, key_ptrs, value_ptrs, capacities, cos[a:].data_ptr(),
                 sin[a:].data_ptr(), self.workspace.data_ptr())
         return out
+
+    def forward_chain(self, ids: list[int], start: int, pointers: CachePointers, embedding: torch.Tensor,
+                      cos: torch.Tensor, sin: torch.Tensor, norm_weight: torch.Tensor, head: Linear,
+                      logit_rows: int) -> torch.Tensor:
+        """Float32 logits (1, logit_rows, vocab) of the last `logit_rows` of a chain of token `ids`
+        at cache slots start, ... (at most `max_rows`; the cache `pointers` hold them): embedding
+        rows, every layer, final norm (`norm_weight`) and `head` in one call, the bits of `forward`
+        and `final_logits` on the same rows. `cos`/`sin`: the rotary tables from position 0."""
+        rows, hidden = len(ids), self.dims.hidden
+        if self.chain is None or self.chain.shape[1] < rows:
+            self.chain = torch.empty(2, rows, hidden, dtype=torch.bfloat16)
+            self.head_workspace = torch.empty(library().logits_workspace_floats(hidden, rows))
+        row_bytes = cos.stride(0) * cos.element_size()
+        logits = torch.empty(1, logit_rows, head.out)
+        library().forward_chain(
+            ctypes.byref(self.dims), ctypes.addressof(self.table), len(self.layers), embedding.data_ptr(),
+            (ctypes.c_int * rows)(*ids), rows, start, pointers.key_ptrs, pointers.value_ptrs, pointers.capacities,
+            cos.data_ptr() + start * row_bytes, sin.data_ptr() + start * row_bytes, self.workspace.data_ptr(),
+            self.chain[0].data_ptr(), self.chain[1].data_ptr(), norm_weight.data_ptr(), ctypes.byref(head),
+            logit_rows, logits.data_ptr(), self.head_workspace.data_ptr())
+        return logits
 
     def forward_batch(self, hidden: torch.Tensor, segments: list[tuple[int, int, list[torch.Tensor], list[torch.Tensor]]],
                       cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
