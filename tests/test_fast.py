@@ -223,6 +223,37 @@ def test_a_short_chain_in_one_native_call_gets_the_bits_of_the_general_path(quan
 
 
 @pytest.mark.model
+def test_batched_chains_in_one_native_call_get_the_bits_of_the_general_path(quantized):
+    """`FastEngine.forward_chains` against `forward_batch`'s general path (`run_batch`, then the
+    head): three sequences, one of them outgrowing its buffers, a 20-token prompt part (more rows
+    than the per-thread path takes) and a part whose logits nobody wants."""
+    model, engine = quantized, quantized.engines["fast"]
+    ids = long_ids(model, 300)
+
+    def run(chains: bool):
+        engine.chains = chains
+        try:
+            caches = [model.new_cache() for _ in range(3)]
+            for cache, n in zip(caches, (255, 100, 40)):
+                model.forward(torch.tensor(ids[:n]), cache)
+            batches = [[(ids[255:257], caches[0], 255, 2), (ids[100:120], caches[1], 100, 1), (ids[40:43], caches[2], 40, 0)],
+                       [(ids[257:258], caches[0], 257, 1), (ids[120:121], caches[1], 120, 1)]]
+            return [model.forward_batch(steps) for steps in batches], caches
+        finally:
+            engine.chains = True
+
+    (chained, a), (general, b) = run(True), run(False)
+    assert [[None if x is None else tuple(x.shape) for x in out] for out in chained] == [
+        [(2, model.vocab_size), (1, model.vocab_size), None], [(1, model.vocab_size), (1, model.vocab_size)]]
+    assert all((x is None and y is None) or torch.equal(x, y)
+               for out, ref in zip(chained, general) for x, y in zip(out, ref))
+    for x, y, n in zip(a, b, (258, 121, 43)):
+        assert x.lengths == y.lengths == [n] * model.num_layers
+        assert all(torch.equal(x.keys_by_feature(i, 0, n), y.keys_by_feature(i, 0, n))
+                   and torch.equal(x.values[i][0, :, :n], y.values[i][0, :, :n]) for i in range(model.num_layers))
+
+
+@pytest.mark.model
 def test_quantized_model_agrees_with_the_unquantized_one_on_most_greedy_tokens(quantized, request):
     """A quality floor: top-1 agreement over real code positions with the model `--quant none`
     runs on this CPU: bfloat16 where the CPU has bfloat16 instructions, float32 elsewhere (where

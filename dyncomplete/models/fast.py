@@ -363,26 +363,59 @@ class FastEngine:
         bits of `run_native` and `logits`, without the step context, masks and the calls' Python
         between them, which took a small model's one-token step longer than its LM head. None
         where this path does not apply (the caller takes the general one)."""
-        native = self.native
         if not self.chains or cache is None:
             return None
         ids = input_ids.reshape(-1).tolist()
         first, rows = cache.lengths[0], len(ids)
-        if not 0 < rows <= SHORT_QUERY or start not in (None, first) or cache.lengths.count(first) != len(cache.lengths):
+        if rows > SHORT_QUERY or start not in (None, first) or not self._chain_follows(ids, cache, first):
             return None
-        if min(ids) < 0 or max(ids) >= self.embedding.shape[0]:
-            return None  # F.embedding's error, on the general path
-        end = first + rows
+        pointers = self._cache_pointers(cache, first + rows)
+        logits = self.native.forward_chain(ids, first, pointers, self.embedding, self.rotary.cos, self.rotary.sin,
+                                           self.final_norm_weight, self.lm_head.native, 1 if last_only else rows)
+        cache.lengths = [first + rows] * len(cache.lengths)
+        return logits
+
+    def forward_chains(self, steps: list[tuple[list[int], KVCache, int, int]]) -> list[torch.Tensor | None] | None:
+        """`LayeredModel.forward_batch`'s logits in one call of decode.c (embedding, layers, final
+        norm, head of the wanted rows): the bits of `run_batch` and `logits`, without the steps'
+        contexts, masks and the calls' Python between them. None where this path does not apply."""
+        if not self.chains or not steps:
+            return None
+        for ids, cache, start, _ in steps:
+            if not self.native_prompt(len(ids)) or not self._chain_follows(ids, cache, start):
+                return None
+        ids, segments, wanted = [], [], []
+        for tokens, cache, start, count in steps:
+            segments.append((len(tokens), start, self._cache_pointers(cache, start + len(tokens))))
+            wanted += range(len(ids) + len(tokens) - count, len(ids) + len(tokens))
+            ids += tokens
+        rows = self.native.forward_chains(ids, segments, self.embedding, self.rotary.cos, self.rotary.sin,
+                                          self.final_norm_weight, self.lm_head.native, wanted)
+        logits, at = [], 0
+        for tokens, cache, start, count in steps:
+            cache.lengths = [start + len(tokens)] * len(cache.lengths)
+            logits.append(rows[at : at + count] if count else None)
+            at += count
+        return logits
+
+    def _chain_follows(self, ids: list[int], cache: KVCache, start: int) -> bool:
+        """Whether a chain of token `ids` at `start` may take forward_chain(s): valid ids (else
+        F.embedding's error comes from the general path) that follow the cache's contents in every
+        layer."""
+        if not ids or min(ids) < 0 or max(ids) >= self.embedding.shape[0]:
+            return False
+        return cache.lengths.count(start) == len(cache.lengths)
+
+    def _cache_pointers(self, cache: KVCache, end: int) -> bindings.CachePointers:
+        """decode.c's arrays of the cache's buffers, each grown to hold `end` positions, and the
+        rotary tables extended as far."""
         pointers = bindings.CachePointers.of(cache)
         if pointers.room < end:
             for i in range(len(self.layers)):
                 self._cache_room(i, cache, end, self.dtype)
             pointers = bindings.CachePointers.of(cache)
         self.rotary.extend(end)
-        logits = native.forward_chain(ids, first, pointers, self.embedding, self.rotary.cos, self.rotary.sin,
-                                      self.final_norm_weight, self.lm_head.native, 1 if last_only else rows)
-        cache.lengths = [end] * len(cache.lengths)
-        return logits
+        return pointers
 
     def run_exit(self, hidden: torch.Tensor, resume: list[int], ctx: StepContext, cache: KVCache,
                  exits: bindings.Exits, propagate: bool) -> tuple[int, torch.Tensor] | None:

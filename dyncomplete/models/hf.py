@@ -103,6 +103,9 @@ class HFEngine:
     def forward_chain(self, input_ids, cache, start, last_only) -> None:
         return None  # LayeredModel.forward's five calls are this engine's path
 
+    def forward_chains(self, steps) -> None:
+        return None  # it runs no batches
+
     def run_exit(self, hidden, resume, ctx, cache, exits, propagate) -> None:
         return None  # the decisions run in Python, between layers
 

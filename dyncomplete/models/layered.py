@@ -162,6 +162,10 @@ class LayeredModel:
         `batchable`. Returns each step's logits (those positions, vocab) (None where unwanted), the
         bits `forward` gives it alone."""
         engine = self._engine()
+        if self.head_tap is None:
+            logits = engine.forward_chains(steps)
+            if logits is not None:
+                return logits
         runs = []
         for ids, cache, start, _ in steps:
             ctx = self.context(torch.arange(start, start + len(ids)))

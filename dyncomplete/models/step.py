@@ -56,6 +56,9 @@ class Engine(Protocol):
         """`LayeredModel.forward`'s logits by a shorter path of this engine's own, or None where it
         has none (the caller then runs the five calls)."""
 
+    def forward_chains(self, steps: list[tuple[list[int], KVCache, int, int]]) -> list[torch.Tensor | None] | None:
+        """`LayeredModel.forward_batch`'s logits by a shorter path of this engine's own, or None."""
+
     def run_exit(self, hidden: torch.Tensor, resume: list[int], ctx: StepContext, cache: KVCache, exits,
                  propagate: bool) -> tuple[int, torch.Tensor] | None:
         """An early-exit step with its decisions made natively (`LayeredModel.run_exit`), or None

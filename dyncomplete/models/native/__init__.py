@@ -126,6 +126,9 @@ def compile_library(target: Path, flags: list[str] = FLAGS) -> ctypes.CDLL:
     lib.forward_chain.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr,
                                   ptr, ptr, ctypes.POINTER(Linear), i32, ptr, ptr]
     lib.forward_chain.restype = None
+    lib.forward_chains.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr,
+                                   ptr, ptr, ptr, ptr, ptr, ptr, ctypes.POINTER(Linear), i32, ptr, ptr, ptr, ptr]
+    lib.forward_chains.restype = None
     lib.rotate_keys_bf16.argtypes = [i32, i32, i32, i32, ptr, ptr, i32, ptr, ptr, i32, ptr, ptr]
     lib.rotate_keys_bf16.restype = None
     lib.omp_pause_resource_all.argtypes, lib.omp_pause_resource_all.restype = [i32], i32  # from OpenMP's runtime

@@ -151,8 +151,9 @@ class Layers:
         self.all_native = all(layer is not None for layer in layers)
         self.workspace = torch.empty(library().workspace_floats(ctypes.byref(dims), max_rows))
         self.table = (ctypes.c_void_p * len(layers))(*[ctypes.addressof(l) if l else None for l in layers])
-        self.chain: torch.Tensor | None = None  # forward_chain's embedded rows and output, grown on demand
-        self.head_workspace: torch.Tensor | None = None
+        # forward_chain(s)' embedded rows and output, the rows' rotary angles, the rows the head
+        # takes and its scratch, grown on demand (`_chain_scratch`)
+        self.chain = self.angles = self.picked = self.head_workspace = None
 
     def runs(self, i: int) -> bool:
         return self.layers[i] is not None
@@ -187,6 +188,23 @@ class Layers:
                 sin[a:].data_ptr(), self.workspace.data_ptr())
         return out
 
+    def _workspace_for(self, rows: int) -> None:
+        """The scratch grown to `rows` rows: batches are larger than a verification pass."""
+        if rows > self.max_rows:
+            self.max_rows = rows
+            self.workspace = torch.empty(library().workspace_floats(ctypes.byref(self.dims), rows))
+
+    def _chain_scratch(self, rows: int, logit_rows: int) -> None:
+        """forward_chain(s)' buffers, grown to hold `rows` rows and `logit_rows` rows of logits."""
+        hidden, head_dim = self.dims.hidden, self.dims.head_dim
+        if self.chain is None or self.chain.shape[1] < rows:
+            self.chain = torch.empty(2, rows, hidden, dtype=torch.bfloat16)
+            self.angles = torch.empty(2, rows, head_dim, dtype=torch.bfloat16)
+        self._workspace_for(rows)
+        if self.picked is None or self.picked.shape[0] < logit_rows:
+            self.picked = torch.empty(logit_rows, hidden, dtype=torch.bfloat16)
+            self.head_workspace = torch.empty(library().logits_workspace_floats(hidden, logit_rows))
+
     def forward_chain(self, ids: list[int], start: int, pointers: CachePointers, embedding: torch.Tensor,
                       cos: torch.Tensor, sin: torch.Tensor, norm_weight: torch.Tensor, head: Linear,
                       logit_rows: int) -> torch.Tensor:
@@ -194,10 +212,8 @@ class Layers:
         at cache slots start, ... (at most `max_rows`; the cache `pointers` hold them): embedding
         rows, every layer, final norm (`norm_weight`) and `head` in one call, the bits of `forward`
         and `final_logits` on the same rows. `cos`/`sin`: the rotary tables from position 0."""
-        rows, hidden = len(ids), self.dims.hidden
-        if self.chain is None or self.chain.shape[1] < rows:
-            self.chain = torch.empty(2, rows, hidden, dtype=torch.bfloat16)
-            self.head_workspace = torch.empty(library().logits_workspace_floats(hidden, rows))
+        rows = len(ids)
+        self._chain_scratch(rows, logit_rows)
         row_bytes = cos.stride(0) * cos.element_size()
         logits = torch.empty(1, logit_rows, head.out)
         library().forward_chain(
@@ -206,6 +222,31 @@ class Layers:
             cos.data_ptr() + start * row_bytes, sin.data_ptr() + start * row_bytes, self.workspace.data_ptr(),
             self.chain[0].data_ptr(), self.chain[1].data_ptr(), norm_weight.data_ptr(), ctypes.byref(head),
             logit_rows, logits.data_ptr(), self.head_workspace.data_ptr())
+        return logits
+
+    def forward_chains(self, ids: list[int], segments: list[tuple[int, int, CachePointers]], embedding: torch.Tensor,
+                       cos: torch.Tensor, sin: torch.Tensor, norm_weight: torch.Tensor, head: Linear,
+                       logit_rows: list[int]) -> torch.Tensor:
+        """Float32 logits (len(logit_rows), vocab) of the listed rows of several sequences' chains
+        run together (continuous batching): `ids` holds each segment's tokens in order, a segment
+        being (rows, start, its cache's pointers). Embedding rows, every layer, final norm and head
+        in one call, the bits of `forward_batch` and `final_logits` on the same rows."""
+        rows, n = len(ids), len(segments)
+        if not 1 <= n <= MAX_SEGMENTS:
+            raise ValueError(f"a batched call takes 1 to {MAX_SEGMENTS} sequences, not {n}")
+        self._chain_scratch(rows, len(logit_rows))
+        logits = torch.empty(len(logit_rows), head.out)
+        library().forward_chains(
+            ctypes.byref(self.dims), ctypes.addressof(self.table), len(self.layers), embedding.data_ptr(),
+            (ctypes.c_int * rows)(*ids), n, (ctypes.c_int * n)(*[r for r, _, _ in segments]),
+            (ctypes.c_int * n)(*[start for _, start, _ in segments]),
+            (ctypes.c_void_p * n)(*[ctypes.addressof(p.key_ptrs) for _, _, p in segments]),
+            (ctypes.c_void_p * n)(*[ctypes.addressof(p.value_ptrs) for _, _, p in segments]),
+            (ctypes.c_void_p * n)(*[ctypes.addressof(p.capacities) for _, _, p in segments]),
+            cos.data_ptr(), sin.data_ptr(), self.workspace.data_ptr(), self.chain[0].data_ptr(),
+            self.chain[1].data_ptr(), self.angles[0].data_ptr(), self.angles[1].data_ptr(), norm_weight.data_ptr(),
+            ctypes.byref(head), len(logit_rows), (ctypes.c_int * len(logit_rows))(*logit_rows),
+            self.picked.data_ptr(), logits.data_ptr(), self.head_workspace.data_ptr())
         return logits
 
     def forward_batch(self, hidden: torch.Tensor, segments: list[tuple[int, int, list[torch.Tensor], list[torch.Tensor]]],
@@ -219,10 +260,7 @@ class Layers:
             raise ValueError(f"a batched call takes 1 to {MAX_SEGMENTS} sequences, not {n}")
         keys = [k for _, _, ks, _ in segments for k in ks]
         values = [v for _, _, _, vs in segments for v in vs]
-        q_len = hidden.shape[1]
-        if q_len > self.max_rows:  # batches are larger than a verification pass: the scratch grows once
-            self.max_rows = q_len
-            self.workspace = torch.empty(library().workspace_floats(ctypes.byref(self.dims), q_len))
+        self._workspace_for(hidden.shape[1])
         hidden = hidden.contiguous()  # kept alive through the call
         out = torch.empty_like(hidden)
         library().layers_forward_batch(

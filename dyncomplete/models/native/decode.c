@@ -1364,6 +1364,44 @@ void forward_chain(const dims_t *dm, const layer_t *const *layers, int n, const 
     }
 }
 
+/* LayeredModel.forward_batch in one parallel region: `segs` sequences, each a chain of
+ * seg_rows[s] token ids (in segment order in ids) at its cache slots seg_start[s], ..., its
+ * layers' buffers and capacities at keys[s][i], values[s][i] and capacity[s][i]; the rows'
+ * rotary angles copied from cos and sin (tables from position 0) into row_cos and row_sin (rows x
+ * head_dim bf16 each); then final_logits of the `logit_rows` rows listed in logit_row, gathered
+ * into picked (logit_rows x hidden bf16). The bits of layers_forward_batch and final_logits. */
+void forward_chains(const dims_t *dm, const layer_t *const *layers, int n, const uint16_t *embedding, const int *ids,
+                    int segs, const int *seg_rows, const int *seg_start, uint16_t *const *const *keys,
+                    uint16_t *const *const *values, const int *const *capacity, const uint16_t *cos,
+                    const uint16_t *sin, float *ws, uint16_t *hidden, uint16_t *out, uint16_t *row_cos,
+                    uint16_t *row_sin, const uint16_t *norm_weight, const linear_t *head, int logit_rows,
+                    const int *logit_row, uint16_t *picked, float *logits, float *head_ws) {
+    int Hd = dm->hidden, d = dm->head_dim;
+    if (segs > MAX_SEGMENTS) segs = MAX_SEGMENTS; /* the binding refuses more */
+    for (int s = 0, r = 0; s < segs; s++)
+        for (int j = 0; j < seg_rows[s]; j++, r++) {
+            memcpy(hidden + (size_t)r * Hd, embedding + (size_t)ids[r] * Hd, sizeof(uint16_t) * Hd);
+            memcpy(row_cos + (size_t)r * d, cos + (size_t)(seg_start[s] + j) * d, sizeof(uint16_t) * d);
+            memcpy(row_sin + (size_t)r * d, sin + (size_t)(seg_start[s] + j) * d, sizeof(uint16_t) * d);
+        }
+#pragma omp parallel
+    {
+        segment_t seg[MAX_SEGMENTS]; /* each thread's own copy of layer i's table */
+        for (int i = 0; i < n; i++) {
+            for (int s = 0; s < segs; s++) {
+                segment_t one = {seg_rows[s], seg_start[s], NULL, keys[s][i], values[s][i], capacity[s][i]};
+                seg[s] = one;
+            }
+            layer_team(dm, layers[i], i == 0 ? hidden : out, out, seg, segs, row_cos, row_sin, ws, i > 0);
+        }
+#pragma omp barrier /* with few rows each thread wrote its share of out after the last barrier */
+#pragma omp for schedule(static)
+        for (int k = 0; k < logit_rows; k++)
+            memcpy(picked + (size_t)k * Hd, out + (size_t)logit_row[k] * Hd, sizeof(uint16_t) * Hd);
+        logits_team(dm, norm_weight, head, picked, logit_rows, logits, head_ws);
+    }
+}
+
 /* P(exit) of one hidden state (bf16, dm->hidden) at exit layer e of L. */
 float exit_probability(const dims_t *dm, const exit_net_t *net, const uint16_t *final_norm, const uint16_t *hidden,
                        int e, int L) {
