@@ -361,7 +361,7 @@ class FastEngine:
         """`LayeredModel.forward`'s logits for up to SHORT_QUERY tokens that follow the cache's
         contents in every layer, in one call of decode.c (embedding, layers, final norm, head): the
         bits of `run_native` and `logits`, without the step context, masks and the calls' Python
-        between them, which took a small model's one-token step longer than its LM head. None
+        between them, which took a small model's one-token step about as long as its LM head. None
         where this path does not apply (the caller takes the general one)."""
         if not self.chains or cache is None:
             return None

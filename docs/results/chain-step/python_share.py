@@ -1,7 +1,8 @@
 """How much of a one-token decode step is Python: `LayeredModel.forward` timed whole and its calls
 into decode.c timed alone, over 200 steps after 480 cached tokens, with `FastEngine.chains` off (the
 general path: step context, embedding, `run_native`, then `final_logits`) and on (`forward_chain`).
-The caller's own work (the token's tensor, the greedy choice) is timed apart.
+The general path's final norm and head call is timed apart too (0 in forward_chain, whose one
+call holds them), and so is the caller's own work (the token's tensor, the greedy choice).
 python docs/results/chain-step/python_share.py MODEL"""
 import sys
 import time
@@ -16,7 +17,7 @@ from dyncomplete.models.native import bindings
 torch.set_num_threads(2)
 model = load(sys.argv[1], quant="auto", progress=lambda m: None)
 ids = model.tokenizer(PROMPT_FILE.read_text(), add_special_tokens=False).input_ids[:480]
-spent = {"native": 0, "forward": 0, "caller": 0}
+spent = {"native": 0, "head": 0, "forward": 0, "caller": 0}
 library = bindings.library()
 
 
@@ -32,6 +33,8 @@ class TimedLibrary:
             start = time.perf_counter_ns()
             out = function(*args)
             spent["native"] += time.perf_counter_ns() - start
+            if name == "final_logits":
+                spent["head"] += time.perf_counter_ns() - start
             return out
         return timed
 
@@ -62,5 +65,6 @@ with torch.inference_mode():
         steps(200)
         us = {key: value / 200 / 1000 for key, value in spent.items()}
         print(f"{sys.argv[1]} {'forward_chain' if chains else 'general path '}: forward {us['forward']:7.1f} us, "
-              f"in decode.c {us['native']:7.1f} us, Python in forward {us['forward'] - us['native']:6.1f} us, "
+              f"in decode.c {us['native']:7.1f} us (final norm and head {us['head']:5.1f} us), "
+              f"Python in forward {us['forward'] - us['native']:6.1f} us, "
               f"caller {us['caller']:5.1f} us", flush=True)

@@ -65,8 +65,8 @@ def rotate_keys(src: list[torch.Tensor], source: int, dst: list[torch.Tensor], s
 
 class CachePointers:
     """decode.c's arrays of one cache's key and value buffers and their capacities, kept on the
-    cache (`KVCache.pointers`) and built again only when a buffer changed (one array entry per
-    layer, rebuilt every step, was a good share of a one-token step's Python time). `room`: the positions every layer
+    cache (`KVCache.pointers`) and built again only when a buffer changed (built every step, they
+    were a visible part of a one-token step's Python time). `room`: the positions every layer
     holds, 0 where one lacks a bfloat16 buffer (decode.c's)."""
 
     def __init__(self, keys: list[torch.Tensor | None], values: list[torch.Tensor | None]):
