@@ -51,7 +51,7 @@ class KVCache:
         # per position, how many times its keys and values were copied to a new position
         # (chunk reuse); positions past the list's end were computed where they are
         self.copies: list[int] = []
-        self.pointers = None  # decode.c's arrays of these buffers (`bindings.CachePointers`), kept by it
+        self.pointers = None  # decode.c's arrays of these buffers, set by `bindings.CachePointers.of`
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, kwargs=None, **_):
         """Append keys/values (batch, heads, new, dim) at the layer's length; return all of them."""

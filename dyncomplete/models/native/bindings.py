@@ -209,7 +209,7 @@ class Layers:
                       cos: torch.Tensor, sin: torch.Tensor, norm_weight: torch.Tensor, head: Linear,
                       logit_rows: int) -> torch.Tensor:
         """Float32 logits (1, logit_rows, vocab) of the last `logit_rows` of a chain of token `ids`
-        at cache slots start, ... (at most `max_rows`; the cache `pointers` hold them): embedding
+        at cache slots start, ... (the cache `pointers` hold them): embedding
         rows, every layer, final norm (`norm_weight`) and `head` in one call, the bits of `forward`
         and `final_logits` on the same rows. `cos`/`sin`: the rotary tables from position 0."""
         rows = len(ids)
