@@ -198,7 +198,7 @@ class FastEngine:
         # (1.4x with AMX's integer products in decode.c, not kept); on AVX512-BF16 alone (AMD
         # Zen 4) decode.c was 1.3x faster (docs/results.md)
         self.native_prompt_max = AMX_NATIVE_PROMPT if cpu_has_amx() else None
-        # `forward_chain` runs: every layer and the head in decode.c, on bfloat16 rows
+        # `forward_chains` runs: every layer and the head in decode.c, on bfloat16 rows
         self.chains = (self.native is not None and self.native.all_native and self.lm_head.native is not None
                        and self.dtype == self.embedding.dtype == torch.bfloat16 and self.embedding.is_contiguous()
                        and self.d.config.hidden_size <= native.MAX_WIDTH)
@@ -366,19 +366,17 @@ class FastEngine:
         if not self.chains or cache is None:
             return None
         ids = input_ids.reshape(-1).tolist()
-        first, rows = cache.lengths[0], len(ids)
-        if rows > SHORT_QUERY or start not in (None, first) or not self._chain_follows(ids, cache, first):
+        first = cache.lengths[0]
+        if len(ids) > SHORT_QUERY or start not in (None, first):
             return None
-        pointers = self._cache_pointers(cache, first + rows)
-        logits = self.native.forward_chain(ids, first, pointers, self.embedding, self.rotary.cos, self.rotary.sin,
-                                           self.final_norm_weight, self.lm_head.native, 1 if last_only else rows)
-        cache.lengths = [first + rows] * len(cache.lengths)
-        return logits
+        out = self.forward_chains([(ids, cache, first, 1 if last_only else len(ids))])
+        return None if out is None else out[0][None]
 
     def forward_chains(self, steps: list[tuple[list[int], KVCache, int, int]]) -> list[torch.Tensor | None] | None:
         """`LayeredModel.forward_batch`'s logits in one call of decode.c (embedding, layers, final
         norm, head of the wanted rows): the bits of `run_batch` and `logits`, without the steps'
-        contexts, masks and the calls' Python between them. None where this path does not apply."""
+        contexts, masks and the calls' Python between them (`forward_chain`'s path too, one
+        sequence). None where this path does not apply."""
         if not self.chains or not steps:
             return None
         for ids, cache, start, _ in steps:

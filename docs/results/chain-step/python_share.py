@@ -1,6 +1,6 @@
 """How much of a one-token decode step is Python: `LayeredModel.forward` timed whole and its calls
 into decode.c timed alone, over 200 steps after 480 cached tokens, with `FastEngine.chains` off (the
-general path: step context, embedding, `run_native`, then `final_logits`) and on (`forward_chain`).
+general path: step context, embedding, `run_native`, then `final_logits`) and on (`forward_chain`, one call of `forward_chains`).
 The general path's final norm and head call is timed apart too (0 in forward_chain, whose one
 call holds them), and so is the caller's own work (the token's tensor, the greedy choice).
 python docs/results/chain-step/python_share.py MODEL"""
@@ -26,7 +26,7 @@ class TimedLibrary:
 
     def __getattr__(self, name):
         function = getattr(library, name)
-        if name not in ("layers_forward", "final_logits", "forward_chain"):
+        if name not in ("layers_forward", "final_logits", "forward_chains"):
             return function
 
         def timed(*args):

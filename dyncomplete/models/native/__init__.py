@@ -123,9 +123,6 @@ def compile_library(target: Path, flags: list[str] = FLAGS) -> ctypes.CDLL:
     lib.logits_workspace_floats.argtypes, lib.logits_workspace_floats.restype = [i32, i32], ctypes.c_long
     lib.final_logits.argtypes = [ctypes.POINTER(Dims), ptr, ctypes.POINTER(Linear), ptr, i32, ptr, ptr]
     lib.final_logits.restype = None
-    lib.forward_chain.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr,
-                                  ptr, ptr, ctypes.POINTER(Linear), i32, ptr, ptr]
-    lib.forward_chain.restype = None
     lib.forward_chains.argtypes = [ctypes.POINTER(Dims), ptr, i32, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr,
                                    ptr, ptr, ptr, ptr, ptr, ptr, ctypes.POINTER(Linear), i32, ptr, ptr, ptr, ptr]
     lib.forward_chains.restype = None

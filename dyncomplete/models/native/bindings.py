@@ -151,7 +151,7 @@ class Layers:
         self.all_native = all(layer is not None for layer in layers)
         self.workspace = torch.empty(library().workspace_floats(ctypes.byref(dims), max_rows))
         self.table = (ctypes.c_void_p * len(layers))(*[ctypes.addressof(l) if l else None for l in layers])
-        # forward_chain(s)' embedded rows and output, the rows' rotary angles, the rows the head
+        # forward_chains' embedded rows and output, the rows' rotary angles, the rows the head
         # takes and its scratch, grown on demand (`_chain_scratch`)
         self.chain = self.angles = self.picked = self.head_workspace = None
 
@@ -195,7 +195,7 @@ class Layers:
             self.workspace = torch.empty(library().workspace_floats(ctypes.byref(self.dims), rows))
 
     def _chain_scratch(self, rows: int, logit_rows: int) -> None:
-        """forward_chain(s)' buffers, grown to hold `rows` rows and `logit_rows` rows of logits."""
+        """forward_chains' buffers, grown to hold `rows` rows and `logit_rows` rows of logits."""
         hidden, head_dim = self.dims.hidden, self.dims.head_dim
         if self.chain is None or self.chain.shape[1] < rows:
             self.chain = torch.empty(2, rows, hidden, dtype=torch.bfloat16)
@@ -204,25 +204,6 @@ class Layers:
         if self.picked is None or self.picked.shape[0] < logit_rows:
             self.picked = torch.empty(logit_rows, hidden, dtype=torch.bfloat16)
             self.head_workspace = torch.empty(library().logits_workspace_floats(hidden, logit_rows))
-
-    def forward_chain(self, ids: list[int], start: int, pointers: CachePointers, embedding: torch.Tensor,
-                      cos: torch.Tensor, sin: torch.Tensor, norm_weight: torch.Tensor, head: Linear,
-                      logit_rows: int) -> torch.Tensor:
-        """Float32 logits (1, logit_rows, vocab) of the last `logit_rows` of a chain of token `ids`
-        at cache slots start, ... (the cache `pointers` hold them): embedding
-        rows, every layer, final norm (`norm_weight`) and `head` in one call, the bits of `forward`
-        and `final_logits` on the same rows. `cos`/`sin`: the rotary tables from position 0."""
-        rows = len(ids)
-        self._chain_scratch(rows, logit_rows)
-        row_bytes = cos.stride(0) * cos.element_size()
-        logits = torch.empty(1, logit_rows, head.out)
-        library().forward_chain(
-            ctypes.byref(self.dims), ctypes.addressof(self.table), len(self.layers), embedding.data_ptr(),
-            (ctypes.c_int * rows)(*ids), rows, start, pointers.key_ptrs, pointers.value_ptrs, pointers.capacities,
-            cos.data_ptr() + start * row_bytes, sin.data_ptr() + start * row_bytes, self.workspace.data_ptr(),
-            self.chain[0].data_ptr(), self.chain[1].data_ptr(), norm_weight.data_ptr(), ctypes.byref(head),
-            logit_rows, logits.data_ptr(), self.head_workspace.data_ptr())
-        return logits
 
     def forward_chains(self, ids: list[int], segments: list[tuple[int, int, CachePointers]], embedding: torch.Tensor,
                        cos: torch.Tensor, sin: torch.Tensor, norm_weight: torch.Tensor, head: Linear,

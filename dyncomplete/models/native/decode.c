@@ -1194,21 +1194,14 @@ void linear_bf16(const linear_t *lin, const uint16_t *x, int rows, uint16_t *out
 /* Layers first..first + n - 1 in a row (LayeredModel.forward and verification passes): the same
  * as n calls of layer_forward, each layer's output rounded to bf16 as there, in one parallel
  * region; keys, values and capacity per layer. */
-static void layers_team(const dims_t *dm, const layer_t *const *layers, int n, const uint16_t *hidden, uint16_t *out,
-                        int rows, int start, const int *parent, uint16_t *const *keys, uint16_t *const *values,
-                        const int *capacity, const uint16_t *cos, const uint16_t *sin, float *ws) {
-    for (int i = 0; i < n; i++) { /* a layer reads its input whole before it writes: in place is safe */
-        segment_t seg = one_segment(rows, start, parent, keys, values, capacity, i);
-        layer_team(dm, layers[i], i == 0 ? hidden : out, out, &seg, 1, cos, sin, ws, i > 0);
-    }
-#pragma omp barrier /* with few rows each thread wrote its share of out after the last barrier */
-}
-
 void layers_forward(const dims_t *dm, const layer_t *const *layers, int n, const uint16_t *hidden, uint16_t *out,
                     int rows, int start, const int *parent, uint16_t *const *keys, uint16_t *const *values,
                     const int *capacity, const uint16_t *cos, const uint16_t *sin, float *ws) {
 #pragma omp parallel
-    layers_team(dm, layers, n, hidden, out, rows, start, parent, keys, values, capacity, cos, sin, ws);
+    for (int i = 0; i < n; i++) { /* a layer reads its input whole before it writes: in place is safe */
+        segment_t seg = one_segment(rows, start, parent, keys, values, capacity, i);
+        layer_team(dm, layers[i], i == 0 ? hidden : out, out, &seg, 1, cos, sin, ws, i > 0);
+    }
 }
 
 /* Continuous batching: layers first..first + n - 1 for the rows of `segs` sequences at once, each
@@ -1347,24 +1340,7 @@ void final_logits(const dims_t *dm, const uint16_t *weight, const linear_t *head
     logits_team(dm, weight, head, hidden, rows, logits, ws);
 }
 
-/* LayeredModel.forward of a short chain in one parallel region: the embedding rows (vocab,
- * hidden) bf16 of the `rows` token ids, every layer (layers_forward's arguments, a chain), then
- * final_logits of the last `logit_rows` rows; the bits of those three calls. hidden and out:
- * rows x dm->hidden bf16 each; head_ws: logits_workspace_floats(dm->hidden, logit_rows) floats. */
-void forward_chain(const dims_t *dm, const layer_t *const *layers, int n, const uint16_t *embedding, const int *ids,
-                   int rows, int start, uint16_t *const *keys, uint16_t *const *values, const int *capacity,
-                   const uint16_t *cos, const uint16_t *sin, float *ws, uint16_t *hidden, uint16_t *out,
-                   const uint16_t *norm_weight, const linear_t *head, int logit_rows, float *logits, float *head_ws) {
-    int Hd = dm->hidden;
-    for (int r = 0; r < rows; r++) memcpy(hidden + (size_t)r * Hd, embedding + (size_t)ids[r] * Hd, sizeof(uint16_t) * Hd);
-#pragma omp parallel
-    {
-        layers_team(dm, layers, n, hidden, out, rows, start, NULL, keys, values, capacity, cos, sin, ws);
-        logits_team(dm, norm_weight, head, out + (size_t)(rows - logit_rows) * Hd, logit_rows, logits, head_ws);
-    }
-}
-
-/* LayeredModel.forward_batch in one parallel region: `segs` sequences, each a chain of
+/* LayeredModel.forward and forward_batch in one parallel region: `segs` sequences, each a chain of
  * seg_rows[s] token ids (in segment order in ids) at its cache slots seg_start[s], ..., its
  * layers' buffers and capacities at keys[s][i], values[s][i] and capacity[s][i]; the rows'
  * rotary angles copied from cos and sin (tables from position 0) into row_cos and row_sin (rows x
