@@ -26,6 +26,18 @@ def test_plan_backs_up_a_newline_and_allows_only_tokens_that_start_with_it(smoll
     assert heal.allowed.tolist() == every  # all of them, in id order (found in the sorted texts)
 
 
+def test_a_plan_allows_every_token_that_starts_with_the_tail_whichever_tail(smollm):
+    """Tails with a handful of extensions and with thousands (a space), asked twice (kept)."""
+    tok = smollm.tokenizer
+    texts = healing.token_texts(tok)
+    for tail in ("\n", " ", "    ", ".", "in", "return"):
+        tail_id = texts.index(tail)
+        every = [i for i, text in enumerate(texts) if text.startswith(tail)]
+        for _ in range(2):
+            heal = healing.plan(tok, [tok("x").input_ids[0], tail_id])
+            assert heal is not None and heal.tail_id == tail_id and heal.allowed.tolist() == every, tail
+
+
 def test_nothing_to_heal_after_a_special_token_or_a_single_token(smollm):
     tok = smollm.tokenizer
     assert healing.plan(tok, [tok.eos_token_id]) is None

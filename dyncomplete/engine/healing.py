@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import torch
 
@@ -32,20 +32,27 @@ def sorted_token_texts(tokenizer) -> tuple[list[str], list[int]]:
     return [text for text, _ in pairs], [i for _, i in pairs]
 
 
-def _extensions(tokenizer, tail: str) -> tuple[int, ...]:
-    """Ids of the tokens whose text starts with `tail`, in id order."""
+# an editor's prompts end in the same few texts (an indentation, a space, a dot), and a short one
+# starts tens of thousands of tokens: their ids are kept, not searched again at every request
+EXTENSIONS_KEPT = 256
+PAST_ANY_CHAR = chr(0x10FFFF)  # above every character a token's text holds
+
+
+@lru_cache(maxsize=EXTENSIONS_KEPT)
+def _extensions(tokenizer, tail: str) -> torch.Tensor:
+    """Ids of the tokens whose text starts with `tail`, in id order: the run of the sorted texts
+    from `tail` up to `tail` followed by the highest character (read only: shared by requests)."""
     texts, ids = sorted_token_texts(tokenizer)
-    start = end = bisect.bisect_left(texts, tail)
-    while end < len(texts) and texts[end].startswith(tail):
-        end += 1
-    return tuple(sorted(ids[start:end]))
+    start = bisect.bisect_left(texts, tail)
+    end = bisect.bisect_left(texts, tail + PAST_ANY_CHAR, start)
+    return torch.tensor(sorted(ids[start:end]), dtype=torch.long)
 
 
 @dataclass
 class Healing:
     tail_id: int  # the prompt's last token, dropped from the prompt
     tail_text: str
-    allowed: torch.Tensor  # token ids whose text starts with tail_text
+    allowed: torch.Tensor  # token ids whose text starts with tail_text (shared: read only)
 
     def constrain(self, logits: torch.Tensor) -> torch.Tensor:
         """The first token's logits with every token that does not start with the tail masked out."""
@@ -67,7 +74,7 @@ def plan(tokenizer, prompt_ids: list[int]) -> Healing | None:
     allowed = _extensions(tokenizer, tail)
     if len(allowed) < 2 or tail_id not in allowed:
         return None
-    return Healing(tail_id, tail, torch.tensor(allowed))
+    return Healing(tail_id, tail, allowed)
 
 
 def heal_prompt(tokenizer, prompt_ids: list[int], enabled: bool) -> tuple[list[int], Healing | None]:
