@@ -4,7 +4,7 @@ edges, through growth, copies and moves, and positions past a copy's length read
 import torch
 
 from dyncomplete.models import KVCache
-from dyncomplete.models.kv_cache import KEY_BLOCK
+from dyncomplete.models.kv_cache import KEY_BLOCK, copy_key_range
 
 
 def filled(n: int, heads: int = 2, dim: int = 8) -> tuple[KVCache, torch.Tensor, torch.Tensor]:
@@ -44,3 +44,16 @@ def test_move_copies_one_slot_into_another_block():
     expected[:, :, 3] = keys[:, :, KEY_BLOCK * 2]
     assert torch.equal(cache.layer_keys(0), expected)
     assert torch.equal(cache.values[0][:, :, 3], values[:, :, KEY_BLOCK * 2])
+
+
+def test_a_key_range_copies_those_positions_and_leaves_the_others():
+    n = 4 * KEY_BLOCK
+    source, keys, _ = filled(n)
+    for start, end in ((0, n), (3, 9), (5, KEY_BLOCK), (KEY_BLOCK, 3 * KEY_BLOCK), (10, 2 * KEY_BLOCK + 7),
+                       (KEY_BLOCK - 1, KEY_BLOCK + 1), (7, 7)):
+        target = KVCache(1)
+        target.update(torch.zeros(1, 2, n, 8), torch.zeros(1, 2, n, 8), 0)
+        copy_key_range(source.keys[0], target.keys[0], start, end)
+        expected = torch.zeros_like(keys)
+        expected[:, :, start:end] = keys[:, :, start:end]
+        assert torch.equal(target.layer_keys(0), expected), (start, end)

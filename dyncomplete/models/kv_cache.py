@@ -38,6 +38,25 @@ def copy_keys(source: torch.Tensor, target: torch.Tensor, n: int) -> None:
         target[:, :, n // KEY_BLOCK, :, n % KEY_BLOCK :] = 0
 
 
+def copy_key_range(source: torch.Tensor, target: torch.Tensor, start: int, end: int) -> None:
+    """Positions start..end - 1 of `source` into the same positions of `target` (blocked keys):
+    the whole blocks between in one copy, the partial ones at either end position by position."""
+    first, last = -(-start // KEY_BLOCK) * KEY_BLOCK, end // KEY_BLOCK * KEY_BLOCK  # the whole blocks' span
+    if first > last:  # within one block
+        _copy_in_block(source, target, start, end)
+        return
+    target[:, :, first // KEY_BLOCK : last // KEY_BLOCK] = source[:, :, first // KEY_BLOCK : last // KEY_BLOCK]
+    _copy_in_block(source, target, start, first)
+    _copy_in_block(source, target, last, end)
+
+
+def _copy_in_block(source: torch.Tensor, target: torch.Tensor, start: int, end: int) -> None:
+    """Positions start..end - 1, all in one block (none where end <= start)."""
+    if start < end:
+        block, a = divmod(start, KEY_BLOCK)
+        target[:, :, block, :, a : a + end - start] = source[:, :, block, :, a : a + end - start]
+
+
 class KVCache:
     def __init__(self, num_layers: int, capacity: int = 256):
         self.num_layers = num_layers

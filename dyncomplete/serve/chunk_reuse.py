@@ -17,13 +17,14 @@ prefilled again (`split_stale`), everywhere or only near the cursor.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 
 from ..models import KVCache, native
-from ..models.kv_cache import key_buffer, whole_blocks
+from ..models.kv_cache import copy_key_range, key_buffer, whole_blocks
 from ..models.native import bindings
 from ..models.rotary import rotate_keys, shift_angles
 
@@ -81,10 +82,14 @@ def plan_chunks(cached: Runs, new: Runs) -> list[Chunk]:
     n = common_prefix_length(old, ids)
     if n:
         chunks.append(Chunk(0, n, 0))
-    i, floor = n, n
-    while i + m <= len(ids):
-        best, source = 0, -1
-        for k in cached.starts.get(new.hashes[i], ()):
+    # where a run of `cached` may start: another editor's prompt has few, so the walk below
+    # visits those positions, not every one
+    starts = cached.starts
+    hits = [i for i, h in enumerate(new.hashes) if h in starts]
+    at, floor = bisect.bisect_left(hits, n), n
+    while at < len(hits):
+        i, best, source = hits[at], 0, -1
+        for k in starts[new.hashes[i]]:
             if k < floor or old[k:k + m] != ids[i:i + m]:  # before the last run used, or another run of that hash
                 continue
             length = m + common_prefix_length(ids[i + m:], old[k + m:])
@@ -92,9 +97,10 @@ def plan_chunks(cached: Runs, new: Runs) -> list[Chunk]:
                 best, source = length, k
         if best:
             chunks.append(Chunk(i, i + best, source))
-            i, floor = i + best, source + best
+            floor = source + best
+            at = bisect.bisect_left(hits, i + best, at)
         else:
-            i += 1
+            at += 1
     return chunks
 
 
@@ -144,12 +150,15 @@ def assemble(cached: KVCache, chunks: list[Chunk], length: int, inv_freq: torch.
         n, delta = c.end - c.start, c.start - c.source
         for layer in range(cached.num_layers):
             out.values[layer][..., c.start:c.end, :] = cached.values[layer][..., c.source:c.source + n, :]
-        if delta and in_c:  # every layer in one call: PyTorch's dozen passes over the keys took most of a lookup
+        if not delta:  # in place (the common prefix): the keys as they are, whole blocks at once
+            for layer in range(cached.num_layers):
+                copy_key_range(cached.keys[layer], out.keys[layer], c.start, c.end)
+        elif in_c:  # every layer in one call: PyTorch's dozen passes over the keys took most of a lookup
             bindings.rotate_keys(cached.keys, c.source, out.keys, c.start, n, *shift_angles(delta, inv_freq))
-            continue
-        for layer in range(cached.num_layers):
-            block = cached.keys_by_feature(layer, c.source, c.source + n)
-            out.put_keys(layer, c.start, rotate_keys(block, delta, inv_freq) if delta else block)
+        else:
+            for layer in range(cached.num_layers):
+                block = cached.keys_by_feature(layer, c.source, c.source + n)
+                out.put_keys(layer, c.start, rotate_keys(block, delta, inv_freq))
     end = chunks[-1].end if chunks else 0
     out.lengths = [min(end, length)] * cached.num_layers
     edges = [0] + [e for c in chunks for e in (c.start, c.end)]

@@ -1451,11 +1451,21 @@ void rotate_keys_bf16(int layers, int heads, int d, int n, const uint16_t *const
                 const uint16_t *in = src[l] + (size_t)h * d * src_cap[l];
                 uint16_t *o = dst[l] + (size_t)h * d * dst_cap[l];
                 float c = cos[j], s = sin[j];
-                for (int p = 0; p < n; p++) {
-                    float x1 = bf16_to_f32(in[key_at(j, from + p, d)]), x2 = bf16_to_f32(in[key_at(j + half, from + p, d)]);
-                    float x1c = x1 * c, x2s = x2 * s, x2c = x2 * c, x1s = x1 * s;
-                    o[key_at(j, to + p, d)] = f32_to_bf16(x1c - x2s);
-                    o[key_at(j + half, to + p, d)] = f32_to_bf16(x2c + x1s);
+                /* runs of positions that stay in one block at both ends: a feature's positions
+                 * there are contiguous, so the loop over them vectorizes */
+                for (int p = 0; p < n;) {
+                    int a = (from + p) % KEY_BLOCK, b = (to + p) % KEY_BLOCK;
+                    int run = KEY_BLOCK - (a > b ? a : b);
+                    run = run < n - p ? run : n - p;
+                    const uint16_t *x1 = in + key_at(j, from + p, d), *x2 = in + key_at(j + half, from + p, d);
+                    uint16_t *y1 = o + key_at(j, to + p, d), *y2 = o + key_at(j + half, to + p, d);
+                    for (int k = 0; k < run; k++) {
+                        float v1 = bf16_to_f32(x1[k]), v2 = bf16_to_f32(x2[k]);
+                        float x1c = v1 * c, x2s = v2 * s, x2c = v2 * c, x1s = v1 * s;
+                        y1[k] = f32_to_bf16(x1c - x2s);
+                        y2[k] = f32_to_bf16(x2c + x1s);
+                    }
+                    p += run;
                 }
             }
 }
