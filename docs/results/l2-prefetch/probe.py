@@ -5,7 +5,7 @@ they must share the packed layout. Build them first:
   F="-O3 -march=native -fopenmp -ffp-contract=off -shared -fPIC"
   git show REV:dyncomplete/models/native/decode.c > /tmp/old.c; gcc $F /tmp/old.c -o /tmp/lib_old.so -lm
   gcc $F dyncomplete/models/native/decode.c -o /tmp/lib_new.so -lm
-python docs/results/l2-prefetch/probe.py MODEL ROUNDS /tmp/lib_old.so /tmp/lib_new.so
+python docs/results/l2-prefetch/probe.py MODEL ROUNDS /tmp/lib_old.so /tmp/lib_new.so   (ROWS=4,8,16: passes of those rows)
 With N in the environment (N=3000 ...) the cache holds N tokens of the standard library's test
 split instead of 480 of argparse.py (docs/results/blocked-keys/)."""
 import argparse
@@ -22,7 +22,7 @@ from dyncomplete.engine.sampling import greedy_index
 from dyncomplete.models import load, native
 from dyncomplete.models.native import bindings
 
-PASS_ROWS = (2, 3, 8)
+PASS_ROWS = tuple(int(k) for k in os.environ.get("ROWS", "2,3,8").split(","))  # ROWS=4,8,16: other passes
 torch.set_num_threads(2)
 model = load(sys.argv[1], dtype="auto", device="cpu", quant="int4", progress=lambda m: None)
 builds = {"old": native.compile_library(pathlib.Path(sys.argv[3])),

@@ -215,15 +215,20 @@ static inline __attribute__((always_inline)) void tile(const linear_t *lin, int 
     const __m512i nibble = _mm512_set1_epi8(15), high = _mm512_set1_epi8((char)0xf0);
     for (int g = 0; g < groups; g++) {
         /* The records ahead, so that memory streams them while the rows compute. Four rows or
-         * more: 8 groups ahead into L1 (without it the two took turns: 8 rows cost 1.9 one-row
-         * passes, 1.6 with it, on AMD Zen 4). Fewer rows: 4 groups ahead into L2 only, which
-         * kept more of the weights in flight (docs/results/l2-prefetch); into L1 it slowed them.
-         * Past a block's last group, the next tile's blocks (NB on), which such a tile reads next. */
+         * more: 16 groups ahead into L2 and 2 ahead into L1. Without prefetching the two took
+         * turns (8 rows cost 1.9 one-row passes on AMD Zen 4, 1.6 with 8 groups ahead into L1);
+         * the far L2 prefetch, likely more misses in flight than L1 holds, took a further 7-9%
+         * off a 4- or 8-row Qwen pass (docs/results/two-level-prefetch). Fewer rows: 4 groups
+         * ahead into L2 only, which kept more of the weights in flight (docs/results/l2-prefetch);
+         * into L1 it slowed them. Past a block's last group, the next tile's blocks (NB on), which
+         * such a tile reads next. */
         if (NR >= 4)
             PRAGMA_UNROLL
             for (int c = 0; c < NB; c++)
-                for (int k = 0; k < RECORD_BYTES(BITS) / 64; k++)
-                    _mm_prefetch((const char *)block_levels(lin, b0 + c, g + 8, BITS) + 64 * k, _MM_HINT_T0);
+                for (int k = 0; k < RECORD_BYTES(BITS) / 64; k++) {
+                    _mm_prefetch((const char *)block_levels(lin, b0 + c, g + 2, BITS) + 64 * k, _MM_HINT_T0);
+                    _mm_prefetch((const char *)block_levels(lin, b0 + c, g + 16, BITS) + 64 * k, _MM_HINT_T2);
+                }
         else
             PRAGMA_UNROLL
             for (int c = 0; c < NB; c++) {
