@@ -1,4 +1,4 @@
-"""python docs/results/slot-python/typing_trace.py [LINE]: one llama.vim-shaped editor typing two lines of a file, a request per keystroke (waiting for
+"""python docs/results/slot-python/typing_trace.py [LINE]: one llama.vim-shaped editor typing three lines of click's core.py (from LINE, default 400), a request per keystroke (waiting for
 each answer), against a server on :8931; per request: prompt_n, prompt_ms, predicted_n,
 predicted_ms, latency."""
 import json, sys, time, httpx
