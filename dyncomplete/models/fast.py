@@ -380,7 +380,7 @@ class FastEngine:
         if not self.chains or not steps:
             return None
         for ids, cache, start, _ in steps:
-            if not self.native_prompt(len(ids)) or not self._chain_follows(ids, cache, start):
+            if not self.batchable(cache, start, len(ids)) or not self._embeddable(ids):
                 return None
         ids, segments, wanted = [], [], []
         for tokens, cache, start, count in steps:
@@ -396,13 +396,10 @@ class FastEngine:
             at += count
         return logits
 
-    def _chain_follows(self, ids: list[int], cache: KVCache, start: int) -> bool:
-        """Whether a chain of token `ids` at `start` may take forward_chain(s): valid ids (else
-        F.embedding's error comes from the general path) that follow the cache's contents in every
-        layer."""
-        if not ids or min(ids) < 0 or max(ids) >= self.embedding.shape[0]:
-            return False
-        return cache.lengths.count(start) == len(cache.lengths)
+    def _embeddable(self, ids: list[int]) -> bool:
+        """Whether forward_chain(s) may embed these token ids (else F.embedding's error comes from
+        the general path)."""
+        return bool(ids) and min(ids) >= 0 and max(ids) < self.embedding.shape[0]
 
     def _cache_pointers(self, cache: KVCache, end: int) -> bindings.CachePointers:
         """decode.c's arrays of the cache's buffers, each grown to hold `end` positions, and the

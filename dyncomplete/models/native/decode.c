@@ -1369,10 +1369,8 @@ void forward_chains(const dims_t *dm, const layer_t *const *layers, int n, const
     {
         segment_t seg[MAX_SEGMENTS]; /* each thread's own copy of layer i's table */
         for (int i = 0; i < n; i++) {
-            for (int s = 0; s < segs; s++) {
-                segment_t one = {seg_rows[s], seg_start[s], NULL, keys[s][i], values[s][i], capacity[s][i]};
-                seg[s] = one;
-            }
+            for (int s = 0; s < segs; s++)
+                seg[s] = one_segment(seg_rows[s], seg_start[s], NULL, keys[s], values[s], capacity[s], i);
             layer_team(dm, layers[i], i == 0 ? hidden : out, out, seg, segs, row_cos, row_sin, ws, i > 0);
         }
 #pragma omp barrier /* with few rows each thread wrote its share of out after the last barrier */
